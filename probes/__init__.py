@@ -1,0 +1,1 @@
+"""Diagnostic programs built on the ulptrace core (``trace_norm_rounding``, onset)."""

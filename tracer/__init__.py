@@ -1,0 +1,68 @@
+"""ulptrace: where does a kernel-injected model start to diverge from HF, by how many ULPs, and why.
+
+The public surface is re-exported here lazily: ``import ulptrace`` imports neither torch-heavy
+optional parts (transformers, matplotlib) nor any submodule until a name is used, and has no side
+effects. ``__all__`` is pinned by ``tests/tracer/test_public_api.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS: dict[str, str] = {
+    # ULP arithmetic
+    "FORMATS": "ulp",
+    "FloatFormat": "ulp",
+    "HISTOGRAM_BUCKETS": "ulp",
+    "ulp_distance": "ulp",
+    "spacing": "ulp",
+    "next_up": "ulp",
+    "next_down": "ulp",
+    "round_to": "ulp",
+    "ulp_histogram": "ulp",
+    # assertions
+    "assert_ulp_close": "assertions",
+    "UlpAssertionError": "assertions",
+    # models and paths
+    "build_model": "models",
+    "list_models": "models",
+    "apply_path": "paths",
+    "list_paths": "paths",
+    "register_path": "paths",
+    # recording, traces, comparison
+    "Site": "sites",
+    "site_table": "sites",
+    "Recorder": "record",
+    "Trace": "trace",
+    "load_trace": "trace",
+    "compare": "compare",
+    "first_difference": "compare",
+    "onset": "compare",
+    "Comparison": "compare",
+    "SiteDiff": "compare",
+    # oracle and reduction trees
+    "capture_semantics": "oracle",
+    "judge": "oracle",
+    "Tree": "trees",
+    "reduce_fp32": "trees",
+    "matching_trees": "trees",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ulptrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ulptrace.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

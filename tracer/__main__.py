@@ -1,0 +1,5 @@
+"""``python -m ulptrace`` runs the ``ulptrace`` command line."""
+
+from ulptrace.cli import main
+
+raise SystemExit(main())

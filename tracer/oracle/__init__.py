@@ -1,0 +1,1 @@
+"""The FP64 oracle: reference semantics, interval replay, and per-element verdicts."""
