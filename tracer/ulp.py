@@ -1,0 +1,487 @@
+"""ULP arithmetic for the narrow float formats that kernels and HF models store activations in.
+
+Every statement ulptrace makes ("this norm output is 2 BF16 ULPs from HF", "the oracle admits these three
+values") is phrased in units in the last place of the tensor's own dtype. This module is the single place
+where such units are computed, for every supported format from one table (:data:`FORMATS`) instead of one
+copy of the code per dtype.
+
+All functions work element-wise on torch tensors of any shape on any device, with integer arithmetic on
+the bit patterns (no Python loops over elements):
+
+- :func:`ulp_distance` -- how many representable values lie between two tensors, element-wise;
+- :func:`spacing`, :func:`next_up`, :func:`next_down` -- the ULP at ``x`` and its neighbours;
+- :func:`round_to` -- a *single* round-to-nearest-even from float64 (or float32) to a format. torch's own
+  ``double -> bfloat16/float16/float8`` casts go through float32 and can round twice; this one does not;
+- :func:`ulp_histogram`, :func:`merge_histograms`, :func:`format_histogram` -- the fixed buckets used
+  wherever ULP statistics are shown;
+- :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+
+__all__ = [
+    "FORMATS",
+    "FloatFormat",
+    "HISTOGRAM_BUCKETS",
+    "UlpDistance",
+    "format_histogram",
+    "format_of",
+    "from_ordering_key",
+    "merge_histograms",
+    "next_down",
+    "next_up",
+    "ordering_key",
+    "round_to",
+    "spacing",
+    "torch_saturates",
+    "ulp_distance",
+    "ulp_histogram",
+]
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """One binary floating-point format: its layout and the constants derived from it.
+
+    ``nan_encoding`` is ``"ieee"`` when every pattern with an all-ones exponent and a non-zero mantissa
+    is NaN (and the all-ones exponent with a zero mantissa is infinity), or ``"all_ones"`` when only the
+    pattern with every exponent and mantissa bit set is NaN and there is no infinity (float8_e4m3fn).
+    """
+
+    name: str
+    dtype: torch.dtype
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    has_inf: bool
+    nan_encoding: Literal["ieee", "all_ones"]
+    int_dtype: torch.dtype  # signed integer dtype of the same width, for bit views
+
+    @property
+    def bits(self) -> int:
+        """Total width in bits (sign + exponent + mantissa)."""
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def sign_bit(self) -> int:
+        """The sign bit as an unsigned integer mask, e.g. ``0x8000`` for bfloat16."""
+        return 1 << (self.bits - 1)
+
+    @property
+    def magnitude_mask(self) -> int:
+        """Mask of the exponent and mantissa bits, e.g. ``0x7FFF`` for bfloat16."""
+        return self.sign_bit - 1
+
+    @property
+    def inf_bits(self) -> int | None:
+        """Bit pattern of +infinity, or None when the format has no infinity."""
+        return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) if self.has_inf else None
+
+    @property
+    def max_finite_bits(self) -> int:
+        """Bit pattern of the largest finite value; every larger magnitude pattern is inf or NaN."""
+        if self.nan_encoding == "ieee":
+            return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) - 1
+        return self.magnitude_mask - 1
+
+    @property
+    def nan_bits(self) -> int:
+        """Canonical (quiet, positive) NaN pattern that this module produces."""
+        if self.nan_encoding == "ieee":
+            return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) | (1 << (self.mantissa_bits - 1))
+        return self.magnitude_mask
+
+    @property
+    def emin(self) -> int:
+        """Unbiased exponent of the smallest normal value."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        """Unbiased exponent of the largest finite value."""
+        return (self.max_finite_bits >> self.mantissa_bits) - self.bias
+
+    @property
+    def max_finite(self) -> float:
+        """Largest finite value, e.g. ``0x1.fep127`` for bfloat16, 448.0 for float8_e4m3fn."""
+        return _decode_magnitude(self, self.max_finite_bits)
+
+    @property
+    def min_normal(self) -> float:
+        """Smallest positive normal value, ``2**emin``."""
+        return math.ldexp(1.0, self.emin)
+
+    @property
+    def min_subnormal(self) -> float:
+        """Smallest positive subnormal value, ``2**(emin - mantissa_bits)``."""
+        return math.ldexp(1.0, self.emin - self.mantissa_bits)
+
+
+def _decode_magnitude(fmt: FloatFormat, bits: int) -> float:
+    """Value of a non-negative finite bit pattern, in Python float arithmetic (for the table's constants)."""
+    exponent, mantissa = bits >> fmt.mantissa_bits, bits & ((1 << fmt.mantissa_bits) - 1)
+    if exponent == 0:
+        return math.ldexp(float(mantissa), fmt.emin - fmt.mantissa_bits)
+    return math.ldexp(float((1 << fmt.mantissa_bits) + mantissa), exponent - fmt.bias - fmt.mantissa_bits)
+
+
+FORMATS: dict[torch.dtype, FloatFormat] = {
+    fmt.dtype: fmt
+    for fmt in (
+        FloatFormat("float32", torch.float32, 8, 23, 127, True, "ieee", torch.int32),
+        FloatFormat("bfloat16", torch.bfloat16, 8, 7, 127, True, "ieee", torch.int16),
+        FloatFormat("float16", torch.float16, 5, 10, 15, True, "ieee", torch.int16),
+        FloatFormat("float8_e4m3fn", torch.float8_e4m3fn, 4, 3, 7, False, "all_ones", torch.int8),
+        FloatFormat("float8_e5m2", torch.float8_e5m2, 5, 2, 15, True, "ieee", torch.int8),
+    )
+}
+"""The supported formats, keyed by torch dtype."""
+
+
+def format_of(dtype: torch.dtype) -> FloatFormat:
+    """The :class:`FloatFormat` of ``dtype``.
+
+    Raises:
+        TypeError: ``dtype`` is not one of :data:`FORMATS` (the message lists the supported ones).
+    """
+    fmt = FORMATS.get(dtype)
+    if fmt is None:
+        supported = ", ".join(f.name for f in FORMATS.values())
+        raise TypeError(f"ULP arithmetic supports {supported}, but got {dtype}")
+    return fmt
+
+
+def _require_tensor(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, but got {type(x).__name__}")
+    return x
+
+
+def _unsigned_bits(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """The bit patterns of ``x`` as non-negative int64 (``0 .. 2**bits - 1``)."""
+    bits = x.view(fmt.int_dtype).to(torch.int64)
+    return bits & ((1 << fmt.bits) - 1)
+
+
+def _from_unsigned_bits(bits: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Inverse of :func:`_unsigned_bits`: int64 patterns ``0 .. 2**bits - 1`` back to ``fmt.dtype``."""
+    signed = torch.where(bits >= fmt.sign_bit, bits - (1 << fmt.bits), bits)
+    return signed.to(fmt.int_dtype).view(fmt.dtype)
+
+
+def _is_nan_magnitude(magnitude: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    return magnitude > limit
+
+
+def ordering_key(x: torch.Tensor) -> torch.Tensor:
+    """A monotone int64 key of every element: ``key(a) < key(b)`` iff ``a < b`` for non-NaN values.
+
+    The key is the signed count of representable values from zero: ``+0`` and ``-0`` both map to 0, the
+    smallest subnormals to +-1, infinities to +-(max finite key + 1). NaN elements get keys beyond the
+    infinities that carry no meaning; mask them with ``torch.isnan`` or :func:`ulp_distance`'s ``nan``.
+
+    Args:
+        x: a tensor of one of the dtypes in :data:`FORMATS`, any shape and device.
+
+    Returns:
+        int64 tensor of ``x``'s shape.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or its dtype is unsupported.
+    """
+    fmt = format_of(_require_tensor(x, "x").dtype)
+    bits = _unsigned_bits(x, fmt)
+    magnitude = bits & fmt.magnitude_mask
+    return torch.where(bits >= fmt.sign_bit, -magnitude, magnitude)
+
+
+def from_ordering_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The value of ``dtype`` whose :func:`ordering_key` is ``key`` (key 0 gives +0).
+
+    Raises:
+        TypeError: ``key`` is not an integer tensor, or ``dtype`` is unsupported.
+        ValueError: a key lies outside the format's range (beyond +-infinity, or beyond +-max finite for
+            a format without infinity).
+    """
+    fmt = format_of(dtype)
+    key = _require_tensor(key, "key")
+    if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
+        raise TypeError(f"key must be an integer tensor, but got {key.dtype}")
+    key = key.to(torch.int64)
+    top = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    if key.numel() and int(key.abs().max()) > top:
+        raise ValueError(f"{fmt.name} ordering keys lie in [-{top}, {top}], but got {int(key.abs().max())}")
+    bits = torch.where(key < 0, fmt.sign_bit - key, key)
+    return _from_unsigned_bits(bits, fmt)
+
+
+class UlpDistance(NamedTuple):
+    """Result of :func:`ulp_distance`: ``distance`` (int64, -1 where ``nan``) and ``nan`` (bool)."""
+
+    distance: torch.Tensor
+    nan: torch.Tensor
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> UlpDistance:
+    """Element-wise number of representable steps between ``a`` and ``b``.
+
+    ``distance[i]`` is how many times :func:`next_up` must be applied to the smaller of ``a[i]``, ``b[i]``
+    to reach the larger: 0 for equal values (``+0`` and ``-0`` are 0 apart), 1 for neighbours, and the
+    count crosses zero correctly (``-min_subnormal`` and ``+min_subnormal`` are 2 apart). Infinities are
+    the ends of the order: ``max_finite`` and ``inf`` are 1 apart. Where either side is NaN, ``nan`` is
+    True and ``distance`` is -1.
+
+    Args:
+        a, b: tensors of the same dtype (one of :data:`FORMATS`) and device; shapes broadcast.
+
+    Returns:
+        ``UlpDistance(distance, nan)`` with the broadcast shape; ``distance`` int64, ``nan`` bool.
+
+    Raises:
+        TypeError: an argument is not a tensor, the dtypes differ, or the dtype is unsupported.
+    """
+    _require_tensor(a, "a")
+    _require_tensor(b, "b")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
+    fmt = format_of(a.dtype)
+    a, b = torch.broadcast_tensors(a, b)
+    nan = _is_nan_magnitude(_unsigned_bits(a, fmt) & fmt.magnitude_mask, fmt) | _is_nan_magnitude(
+        _unsigned_bits(b, fmt) & fmt.magnitude_mask, fmt
+    )
+    distance = (ordering_key(a) - ordering_key(b)).abs()
+    return UlpDistance(torch.where(nan, torch.full_like(distance, -1), distance), nan)
+
+
+def spacing(x: torch.Tensor) -> torch.Tensor:
+    """The ULP at each element: the gap to the next representable value away from zero, as float64.
+
+    The result is the power of two ``2**(e - mantissa_bits)`` of ``x``'s binade (``e`` the unbiased
+    exponent; ``emin`` for zero and subnormals, so ``spacing(0) == spacing(subnormal) == min_subnormal``).
+    It is returned as float64, where every such power of two is exact. At ``+-max_finite`` the next value
+    away from zero is infinity (or NaN for float8_e4m3fn); there the result is still the binade's spacing,
+    i.e. the gap that the next value would have if the exponent range continued (which is also the gap
+    to :func:`next_down` of ``max_finite``). ``spacing(+-inf)`` is ``inf``; ``spacing(NaN)`` is NaN.
+    The sign of ``x`` is ignored.
+
+    Args:
+        x: tensor of one of the dtypes in :data:`FORMATS`, any shape and device.
+
+    Returns:
+        float64 tensor of ``x``'s shape.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or its dtype is unsupported.
+    """
+    fmt = format_of(_require_tensor(x, "x").dtype)
+    magnitude = _unsigned_bits(x, fmt) & fmt.magnitude_mask
+    biased = (magnitude >> fmt.mantissa_bits).clamp(min=1)
+    result = torch.exp2((biased - fmt.bias - fmt.mantissa_bits).to(torch.float64))
+    result = torch.where(_is_nan_magnitude(magnitude, fmt), torch.full_like(result, math.nan), result)
+    if fmt.inf_bits is not None:
+        result = torch.where(magnitude == fmt.inf_bits, torch.full_like(result, math.inf), result)
+    return result
+
+
+def next_up(x: torch.Tensor) -> torch.Tensor:
+    """The next representable value toward +infinity, in ``x``'s dtype (like ``numpy.nextafter(x, +inf)``).
+
+    ``next_up(-0) == next_up(+0) == +min_subnormal``; ``next_up(-min_subnormal) == -0``;
+    ``next_up(max_finite)`` is ``+inf``, except for float8_e4m3fn, which has no infinity: there it is NaN
+    (as ``ml_dtypes``' ``nextafter`` gives, since ``+inf`` is NaN in that format); ``next_up(+inf) == +inf``,
+    ``next_up(-inf) == -max_finite``; NaN stays NaN.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or its dtype is unsupported.
+    """
+    fmt = format_of(_require_tensor(x, "x").dtype)
+    bits = _unsigned_bits(x, fmt)
+    magnitude = bits & fmt.magnitude_mask
+    negative = bits >= fmt.sign_bit
+    stepped = torch.where(negative, bits - 1, bits + 1)
+    stepped = torch.where(bits == fmt.sign_bit, torch.ones_like(bits), stepped)  # -0 -> +min_subnormal
+    keep = _is_nan_magnitude(magnitude, fmt)
+    if fmt.inf_bits is not None:
+        keep = keep | (bits == fmt.inf_bits)
+    return _from_unsigned_bits(torch.where(keep, bits, stepped), fmt)
+
+
+def next_down(x: torch.Tensor) -> torch.Tensor:
+    """The next representable value toward -infinity, in ``x``'s dtype: ``-next_up(-x)``.
+
+    ``next_down(+0) == next_down(-0) == -min_subnormal``; ``next_down(-max_finite)`` is ``-inf`` (NaN for
+    float8_e4m3fn); NaN stays NaN.
+
+    Raises:
+        TypeError: ``x`` is not a tensor or its dtype is unsupported.
+    """
+    fmt = format_of(_require_tensor(x, "x").dtype)
+    return _negate(next_up(_negate(x, fmt)), fmt)
+
+
+def _negate(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    return _from_unsigned_bits(_unsigned_bits(x, fmt) ^ fmt.sign_bit, fmt)
+
+
+_F64_MANTISSA = 52
+_F64_BIAS = 1023
+
+
+def round_to(x: torch.Tensor, dtype: torch.dtype, *, saturate: bool = False) -> torch.Tensor:
+    """Round every element of ``x`` to ``dtype`` with one round-to-nearest, ties-to-even.
+
+    The rounding is done once, exactly, on the float64 bit pattern with integer arithmetic, so a float64
+    value just above a bfloat16 midpoint rounds up even where torch's ``double -> bfloat16`` cast (which
+    goes through float32, as do its float16 and float8 casts and ml_dtypes' bfloat16/float8 casts) first
+    rounds it onto the midpoint and then to even. Subnormal results are rounded at the subnormal spacing.
+
+    Overflow: a value whose rounded magnitude exceeds ``max_finite`` (e.g. ``>= 0x1.ff8p127`` for
+    bfloat16; ``> 464`` for float8_e4m3fn, where 464 itself ties to even onto 448) and +-inf become
+    +-inf, or NaN for float8_e4m3fn -- as ml_dtypes and the OCP FP8 specification's non-saturating mode
+    convert. With ``saturate=True`` they become +-max_finite instead; that is how torch (2.13 at least)
+    casts to float8_e4m3fn, see :func:`torch_saturates`. NaN gives the format's canonical quiet NaN with
+    the input's sign; signed zeros keep their sign.
+
+    Args:
+        x: floating tensor, float64 or float32 (or any of :data:`FORMATS`, all of which are exact in
+            float64); any shape and device.
+        dtype: target dtype, one of :data:`FORMATS`.
+        saturate: clamp overflow (including +-inf inputs) to +-max_finite instead of inf/NaN.
+
+    Returns:
+        tensor of ``x``'s shape in ``dtype``.
+
+    Raises:
+        TypeError: ``x`` is not a floating tensor of a supported input dtype, or ``dtype`` is unsupported.
+    """
+    fmt = format_of(dtype)
+    _require_tensor(x, "x")
+    if x.dtype != torch.float64 and x.dtype not in FORMATS:
+        raise TypeError(f"round_to rounds float64, float32 or {', '.join(f.name for f in FORMATS.values())} "
+                        f"tensors, but got {x.dtype}")
+    bits = x.to(torch.float64).view(torch.int64)
+    negative = bits < 0
+    magnitude = bits & ((1 << 63) - 1)
+    exponent64 = magnitude >> _F64_MANTISSA
+    fraction = magnitude & ((1 << _F64_MANTISSA) - 1)
+    # value = significand * 2**(exponent64 - bias - 52), with exponent64 treated as 1 for subnormals
+    significand = torch.where(exponent64 == 0, fraction, fraction | (1 << _F64_MANTISSA))
+    unbiased = exponent64.clamp(min=1) - _F64_BIAS
+    # target binade exponent (emin for subnormal results) and the number of low significand bits to drop
+    target_exp = unbiased.clamp(min=fmt.emin)
+    shift = (target_exp - fmt.mantissa_bits - (unbiased - _F64_MANTISSA)).clamp(max=62)
+    kept = significand >> shift
+    remainder = significand & ((torch.ones_like(shift) << shift) - 1)
+    half = torch.ones_like(shift) << (shift - 1)
+    round_up = (remainder > half) | ((remainder == half) & ((kept & 1) == 1))
+    rounded = kept + round_up.to(torch.int64)
+    # ((e - emin) << m) + r encodes subnormals (e == emin, r < 2**m) and normals alike; a carry of r into
+    # 2**(m + 1) moves into the next binade by itself.
+    out = ((target_exp - fmt.emin) << fmt.mantissa_bits) + rounded
+    overflow = (out > fmt.max_finite_bits) | (exponent64 == 0x7FF)
+    if saturate:
+        overflow_bits = fmt.max_finite_bits
+    else:
+        overflow_bits = fmt.inf_bits if fmt.inf_bits is not None else fmt.nan_bits
+    out = torch.where(overflow, torch.full_like(out, overflow_bits), out)
+    is_nan = (exponent64 == 0x7FF) & (fraction != 0)
+    out = torch.where(is_nan, torch.full_like(out, fmt.nan_bits), out)
+    out = torch.where(negative, out | fmt.sign_bit, out)
+    return _from_unsigned_bits(out, fmt)
+
+
+@functools.lru_cache(maxsize=None)
+def torch_saturates(dtype: torch.dtype) -> bool:
+    """Whether the installed torch's float32 -> ``dtype`` cast clamps overflow to max finite.
+
+    torch 2.13 saturates float8_e4m3fn (``1e9`` and ``inf`` become 448) while ml_dtypes and older torch
+    versions give NaN; the IEEE-like formats overflow to inf. Pass the result as
+    ``round_to(x, dtype, saturate=torch_saturates(dtype))`` to model torch's own cast. Probed once, on CPU.
+
+    Raises:
+        TypeError: ``dtype`` is unsupported.
+    """
+    fmt = format_of(dtype)
+    probe = torch.tensor([math.inf, 1e30], dtype=torch.float32).to(dtype)
+    return bool((_unsigned_bits(probe, fmt) == fmt.max_finite_bits).all())
+
+
+HISTOGRAM_BUCKETS: tuple[str, ...] = ("0", "1", "2", "3-4", "5-8", "9-16", ">16", "nonfinite")
+"""Fixed ULP-distance buckets of every histogram ulptrace shows; the last counts NaN/Inf mismatches."""
+
+# upper bounds (inclusive) of the finite buckets; torch.bucketize maps d to the first bound >= d
+_BUCKET_BOUNDS = (0, 1, 2, 4, 8, 16)
+
+
+def ulp_histogram(distance: torch.Tensor | UlpDistance, nan: torch.Tensor | None = None) -> dict[str, int]:
+    """Count ULP distances into :data:`HISTOGRAM_BUCKETS`.
+
+    Args:
+        distance: integer tensor of ULP distances (any shape), or an :class:`UlpDistance` (its ``nan``
+            is then used unless ``nan`` is given).
+        nan: optional bool tensor of ``distance``'s shape marking elements to count as ``"nonfinite"``
+            whatever their distance. Without it, negative distances (the -1 of :func:`ulp_distance` at
+            NaN) count as nonfinite.
+
+    Returns:
+        ``{bucket: count}`` with every bucket of :data:`HISTOGRAM_BUCKETS`, in that order; the counts sum
+        to ``distance.numel()``.
+
+    Raises:
+        TypeError: ``distance`` is not an integer tensor or ``nan`` not a bool tensor.
+        ValueError: ``nan``'s shape differs from ``distance``'s.
+    """
+    if isinstance(distance, UlpDistance):
+        distance, nan = distance.distance, distance.nan if nan is None else nan
+    _require_tensor(distance, "distance")
+    if distance.dtype.is_floating_point or distance.dtype.is_complex or distance.dtype == torch.bool:
+        raise TypeError(f"distance must be an integer tensor, but got {distance.dtype}")
+    distance = distance.to(torch.int64)
+    if nan is None:
+        nonfinite = distance < 0
+    else:
+        _require_tensor(nan, "nan")
+        if nan.dtype != torch.bool:
+            raise TypeError(f"nan must be a bool tensor, but got {nan.dtype}")
+        if nan.shape != distance.shape:
+            raise ValueError(f"nan must have distance's shape {tuple(distance.shape)}, but got {tuple(nan.shape)}")
+        nonfinite = nan | (distance < 0)
+    finite = distance[~nonfinite]
+    bounds = torch.tensor(_BUCKET_BOUNDS, dtype=torch.int64, device=finite.device)
+    counts = torch.bincount(torch.bucketize(finite, bounds), minlength=len(_BUCKET_BOUNDS) + 1)
+    values = [int(c) for c in counts.tolist()] + [int(nonfinite.sum())]
+    return dict(zip(HISTOGRAM_BUCKETS, values))
+
+
+def merge_histograms(*histograms: dict[str, int]) -> dict[str, int]:
+    """Add histograms bucket by bucket (an empty call gives all zeros).
+
+    Raises:
+        ValueError: a histogram's keys are not exactly :data:`HISTOGRAM_BUCKETS`.
+    """
+    merged = dict.fromkeys(HISTOGRAM_BUCKETS, 0)
+    for histogram in histograms:
+        if set(histogram) != set(HISTOGRAM_BUCKETS):
+            raise ValueError(f"histogram buckets must be {HISTOGRAM_BUCKETS}, but got {tuple(histogram)}")
+        for bucket in HISTOGRAM_BUCKETS:
+            merged[bucket] += int(histogram[bucket])
+    return merged
+
+
+def format_histogram(histogram: dict[str, int]) -> str:
+    """One-line rendering ``"0: 117 | 1: 1 | 2: 0 | 3-4: 2 | ... | nonfinite: 0"``.
+
+    Raises:
+        ValueError: the keys are not exactly :data:`HISTOGRAM_BUCKETS`.
+    """
+    if set(histogram) != set(HISTOGRAM_BUCKETS):
+        raise ValueError(f"histogram buckets must be {HISTOGRAM_BUCKETS}, but got {tuple(histogram)}")
+    return " | ".join(f"{bucket}: {histogram[bucket]}" for bucket in HISTOGRAM_BUCKETS)
