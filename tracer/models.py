@@ -1,0 +1,243 @@
+"""Embedded models: HF causal LMs that ulptrace can build without any download.
+
+Tracing needs a model, and CI has no network. Each entry here is a transformers config (data, in
+the ``MODELS`` table) plus a seeded random initialisation. HF initialises zero-centred norm weights
+to 0 and standard ones to 1, which hides exactly the scale-precision defects ulptrace exists to find
+(a ``(1 + w)`` formed in BF16 is invisible when ``w == 0``), so after HF's init every norm weight,
+GatedDeltaNet ``A_log``/``dt_bias`` and the embeddings are redrawn around their init with a spread
+typical of trained checkpoints. A path to a local HF checkpoint directory loads that instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "tiny-qwen3.5"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One embedded model: a transformers config class name and its arguments."""
+
+    name: str
+    family: str  # which site table applies: "qwen3_5" or "llama"
+    config_class: str
+    config: dict[str, Any]
+    description: str
+
+
+# Qwen3.5-0.8B's text backbone, copied from shared/models/qwen3.5-0.8b.json (weights are not
+# available offline; seeded random init is used).
+_QWEN35_08B = {
+    "vocab_size": 248320,
+    "hidden_size": 1024,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 24,
+    "full_attention_interval": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000000.0,
+    "partial_rotary_factor": 0.25,
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 262144,
+}
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="tiny-qwen3.5",
+            family="qwen3_5",
+            config_class="Qwen3_5TextConfig",
+            config={
+                "vocab_size": 512,
+                "hidden_size": 128,
+                "intermediate_size": 384,
+                "num_hidden_layers": 4,
+                "full_attention_interval": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32,
+                "linear_conv_kernel_dim": 4,
+                "hidden_act": "silu",
+                "rms_norm_eps": 1e-06,
+                "partial_rotary_factor": 0.25,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 4096,
+            },
+            description="Qwen3.5 hybrid (GatedDeltaNet + gated full attention), 4 layers, hidden 128",
+        ),
+        ModelSpec(
+            name="tiny-llama",
+            family="llama",
+            config_class="LlamaConfig",
+            config={
+                "vocab_size": 512,
+                "hidden_size": 128,
+                "intermediate_size": 384,
+                "num_hidden_layers": 3,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "hidden_act": "silu",
+                "rms_norm_eps": 1e-05,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 4096,
+            },
+            description="Llama family (RMSNorm with weight, SwiGLU, GQA), 3 layers, hidden 128",
+        ),
+        ModelSpec(
+            name="qwen3.5-0.8b",
+            family="qwen3_5",
+            config_class="Qwen3_5TextConfig",
+            config=_QWEN35_08B,
+            description="Qwen3.5-0.8B text backbone shape, seeded random weights (for GPU runs)",
+        ),
+    )
+}
+
+# Spread of redrawn parameters, as (parameter-name suffix, rule). Norm offsets and scales get a
+# trained-like spread; the GDN decay parameters are drawn around HF's init ranges.
+_NORM_SPREAD = 0.15
+
+
+def _std_of(model: torch.nn.Module) -> float:
+    return float(getattr(model.config, "initializer_range", 0.02))
+
+
+def _is_zero_centred(module: torch.nn.Module) -> bool:
+    """True for norms that scale by ``(1 + weight)`` (Qwen3.5, Gemma); read from the HF class."""
+    name = type(module).__name__
+    return name in {"Qwen3_5RMSNorm", "Qwen3NextRMSNorm", "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}
+
+
+@torch.no_grad()
+def realistic_init_(model: torch.nn.Module, seed: int) -> None:
+    """Redraw norm weights, GDN gate parameters and embeddings with trained-like spreads (in place)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+
+    def draw(shape: torch.Size, mean: float, std: float) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
+
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if "RMSNorm" in type(module).__name__ and isinstance(weight, torch.Tensor):
+            mean = 0.0 if _is_zero_centred(module) else 1.0
+            weight.copy_(draw(weight.shape, mean, _NORM_SPREAD))
+        if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+            heads = module.A_log.shape
+            a = torch.rand(heads, generator=gen) * 15.99 + 0.01  # HF's range for A
+            module.A_log.copy_(a.log())
+            module.dt_bias.copy_(draw(module.dt_bias.shape, 0.0, 1.0))
+    std = _std_of(model)
+    for emb in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if emb is not None and emb.weight is not None:
+            # Wider than HF's initializer_range so greedy decoding of a tiny model is not degenerate.
+            emb.weight.copy_(draw(emb.weight.shape, 0.0, 4 * std))
+
+
+def _config(spec: ModelSpec) -> Any:
+    import transformers
+
+    cls = getattr(transformers, spec.config_class)
+    return cls(**spec.config)
+
+
+def build_model(
+    name_or_path: str = DEFAULT_MODEL,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+) -> Any:
+    """Build an embedded model by name, or load a local HF checkpoint directory.
+
+    Returns an HF ``PreTrainedModel`` in eval mode with ``dtype`` parameters on ``device``. The same
+    ``(name, seed)`` always gives bitwise the same weights. Raises ``KeyError`` listing the known
+    names when ``name_or_path`` is neither a known name nor an existing directory.
+    """
+    import transformers
+
+    if name_or_path in MODELS:
+        spec = MODELS[name_or_path]
+        config = _config(spec)
+        config._attn_implementation = attn_implementation
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+        realistic_init_(model, seed)
+        model = model.to(dtype=dtype)
+        model.ulptrace_model_name = spec.name  # type: ignore[attr-defined]
+    elif os.path.isdir(name_or_path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, attn_implementation=attn_implementation
+        ).to(device)
+        model.ulptrace_model_name = os.path.abspath(name_or_path)  # type: ignore[attr-defined]
+    else:
+        known = ", ".join(MODELS)
+        raise KeyError(
+            f"unknown model {name_or_path!r}: expected one of the embedded models ({known}) "
+            "or a path to a local HF checkpoint directory"
+        )
+    model.ulptrace_seed = seed  # type: ignore[attr-defined]
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def count_parameters(name: str) -> int:
+    """Parameter count of an embedded model, computed on the meta device (no memory, no init)."""
+    import transformers
+
+    spec = MODELS[name]
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(_config(spec))
+    return sum(p.numel() for p in model.parameters())
+
+
+def list_models() -> list[dict[str, Any]]:
+    """The embedded models: name, family, parameter count and description."""
+    return [
+        {
+            "name": spec.name,
+            "family": spec.family,
+            "parameters": count_parameters(spec.name),
+            "description": spec.description,
+        }
+        for spec in MODELS.values()
+    ]
+
+
+def model_name(model: Any) -> str:
+    """The name a trace records for ``model`` (embedded name, checkpoint path, or class name)."""
+    return getattr(model, "ulptrace_model_name", type(model).__name__)
+
+
+def format_count(n: int) -> str:
+    """``1234567 -> '1.23M'``, for tables."""
+    if n < 1000:
+        return str(n)
+    exp = min(int(math.log10(n) // 3), 3)
+    return f"{n / 10 ** (3 * exp):.3g}{' KMB'[exp]}"
+
+

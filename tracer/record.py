@@ -1,0 +1,325 @@
+"""Recording: observe a model's sites with hooks and taps, step by step, into a sink.
+
+``Recorder`` is a context manager. On entry it installs forward (pre-)hooks on the modules the
+selected sites observe, and observers on the function taps that carry non-module sites (GDN gates
+and core, attention core); on exit it removes every one of them, also when the forward raised.
+Each call of the model's root module is one *step* (0 = prefill, t = t-th decode forward), so it
+works for a plain forward and for ``generate``. A module called more than once in a step gives
+sites numbered ``name#1``, ``name#2``.
+
+Sinks decide what is kept:
+
+- ``MemorySink`` keeps every record (the trace in memory; simplest, costs all activations);
+- ``ulptrace.trace.TraceWriter`` writes a shard per step to disk (memory: one step);
+- ``ulptrace.compare.StreamingComparator`` compares each record against a reference on the fly
+  and keeps only statistics (memory: one step of the reference and the current step's inputs).
+
+Observation never changes numerics: hooks only read (tensors are cloned), and
+``check_observation`` re-runs the model untraced to prove the final logits are bitwise equal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ulptrace.sites import GDN_FUNCTIONS, Obs, Site, _sub, attention_function, site_table
+from ulptrace.taps import Handle, tap
+from ulptrace.trace import Record, Trace, library_versions
+
+_INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
+
+
+class Sink(Protocol):
+    def add(self, record: Record) -> None: ...
+
+
+class MemorySink:
+    """Keeps every record (a ``Trace`` in memory)."""
+
+    def __init__(self, metadata: dict[str, Any] | None = None) -> None:
+        self.trace = Trace(metadata)
+
+    def add(self, record: Record) -> None:
+        self.trace.add(record)
+
+
+def _first_tensor(value: Any, index: int = 0) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if index == 0 else None
+    if isinstance(value, (tuple, list)):
+        tensors = [v for v in value if isinstance(v, torch.Tensor)]
+        return tensors[index] if len(tensors) > index else None
+    if hasattr(value, "to_tuple"):  # HF ModelOutput
+        return _first_tensor(value.to_tuple(), index)
+    return None
+
+
+def _arg(args: tuple, kwargs: dict, index: int) -> torch.Tensor | None:
+    positional = [a for a in args if isinstance(a, torch.Tensor)]
+    if len(positional) > index:
+        return positional[index]
+    named = [kwargs[n] for n in _INPUT_NAMES if isinstance(kwargs.get(n), torch.Tensor)]
+    named += [v for k, v in kwargs.items() if k not in _INPUT_NAMES and isinstance(v, torch.Tensor)]
+    rest = index - len(positional)
+    return named[rest] if 0 <= rest < len(named) else None
+
+
+def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().clone()
+
+
+def model_metadata(model: Any, path: str) -> dict[str, Any]:
+    from ulptrace.models import model_name
+
+    param = next(model.parameters(), None)
+    return {
+        "model": model_name(model),
+        "architecture": type(model).__name__,
+        "path": path,
+        "dtype": str(param.dtype).removeprefix("torch.") if param is not None else None,
+        "device": str(param.device) if param is not None else None,
+        "seed": getattr(model, "ulptrace_seed", None),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "versions": library_versions(),
+    }
+
+
+class Recorder:
+    """Record ``sites`` of ``model`` into ``sink`` while the context is open.
+
+    Args:
+        model: an HF causal LM (or any module; models without a site table get the fallback).
+        sites: the sites to record (default: the model's whole site table).
+        steps: which steps to keep (a range or sequence; default all).
+        sink: where records go (default a ``MemorySink``; ``recorder.trace`` then holds them).
+        path: the path name recorded in metadata.
+        keep_inputs: store each site's oracle inputs (needed for verdicts).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        sites: Sequence[Site] | None = None,
+        steps: Iterable[int] | None = None,
+        sink: Sink | None = None,
+        path: str = "hf",
+        keep_inputs: bool = True,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.sites = list(site_table(model) if sites is None else sites)
+        self.steps = None if steps is None else set(steps)
+        self.metadata = {**model_metadata(model, path), **(metadata or {})}
+        self.sink: Sink = sink if sink is not None else MemorySink(self.metadata)
+        self.keep_inputs = keep_inputs
+        self.step = -1
+        self._handles: list[Any] = []
+        self._buffer: dict[str, torch.Tensor] = {}
+        self._calls: dict[str, int] = defaultdict(int)
+        self._gdn_stack: list[str] = []
+        self._by_out: dict[str, list[Site]] = defaultdict(list)
+        for site in self.sites:
+            self._by_out[site.out.key].append(site)
+        self._needed: set[Obs] = {s.out for s in self.sites}
+        if keep_inputs:
+            self._needed |= {o for s in self.sites for o in s.inputs.values()}
+        # a post-attention norm's residual falls back to its input when it returns one tensor
+        self._needed |= {Obs(o.module, "in0") for o in self._needed if o.at == "residual"}
+        self._tapped: set[tuple[int, str]] = set()
+        self._paths: dict[int, str] | None = None
+        self._active = False
+
+    # -- results -------------------------------------------------------------------------------
+    @property
+    def trace(self) -> Trace:
+        if not isinstance(self.sink, MemorySink):
+            raise TypeError("recorder.trace exists only with the default in-memory sink")
+        return self.sink.trace
+
+    # -- installation --------------------------------------------------------------------------
+    def __enter__(self) -> Recorder:
+        if self._active:
+            raise RuntimeError("this Recorder is already active; create a new one to record again")
+        self._active = True
+        try:
+            self._install()
+        except BaseException:
+            self._remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        for handle in reversed(self._handles):
+            handle.remove()
+        self._handles = []
+        self._active = False
+
+    def _install(self) -> None:
+        model = self.model
+        self._handles.append(model.register_forward_pre_hook(self._on_step))
+        per_module: dict[str, set[str]] = defaultdict(set)
+        for obs in self._needed:
+            per_module[obs.module].add(obs.at)
+        for path, ats in per_module.items():
+            module = _sub(model, path) if path else model
+            self._install_module(path, module, ats)
+
+    def _install_module(self, path: str, module: torch.nn.Module, ats: set[str]) -> None:
+        if ats & {"in0", "in1", "residual"}:
+            self._handles.append(module.register_forward_pre_hook(self._pre_hook(path, ats), with_kwargs=True))
+        if ats & {"out", "out1", "residual", "state.conv", "state.recurrent"}:
+            self._handles.append(module.register_forward_hook(self._post_hook(path, ats), with_kwargs=True))
+        taps = {at for at in ats if at.startswith("tap.")}
+        if taps and hasattr(module, "A_log"):  # a GatedDeltaNet: gates go to module-level functions
+            self._handles.append(module.register_forward_pre_hook(self._gdn_enter(path)))
+            self._handles.append(module.register_forward_hook(self._gdn_exit))
+            namespace = sys.modules[type(module).__module__]
+            for name in GDN_FUNCTIONS:
+                if hasattr(namespace, name) and not self._has_tap(namespace, name):
+                    self._handles.append(tap(namespace, name).add_observer(self._on_gdn))
+                    self._tapped.add((id(namespace), name))
+        elif taps:  # an attention module: the core runs through the attention interface
+            self._install_attention_tap()
+
+    def _has_tap(self, namespace: Any, name: str) -> bool:
+        return (id(namespace), name) in self._tapped
+
+    def _install_attention_tap(self) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        impl = self.model.config._attn_implementation
+        fn = attention_function(self.model)
+        if impl in (None, "eager"):
+            namespace, name = sys.modules[fn.__module__], fn.__name__
+        else:
+            namespace, name = ALL_ATTENTION_FUNCTIONS, impl
+        if not self._has_tap(namespace, name):
+            self._handles.append(tap(namespace, name).add_observer(self._on_attention))
+            self._tapped.add((id(namespace), name))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _on_step(self, module: Any, args: Any) -> None:
+        self.step += 1
+        self._buffer = {}
+        self._calls = defaultdict(int)
+
+    def _recording(self) -> bool:
+        return self.step >= 0 and (self.steps is None or self.step in self.steps)
+
+    def _pre_hook(self, path: str, ats: set[str]) -> Callable:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            if not self._recording():
+                return
+            values = {"in0": _arg(args, kwargs, 0)}
+            if "in1" in ats:
+                values["in1"] = _arg(args, kwargs, 1)
+            self._observe(path, values)
+
+        return hook
+
+    def _post_hook(self, path: str, ats: set[str]) -> Callable:
+        def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            if not self._recording():
+                return
+            values: dict[str, torch.Tensor | None] = {}
+            if "out" in ats:
+                values["out"] = _first_tensor(output)
+            if "out1" in ats:
+                values["out1"] = _first_tensor(output, 1)
+            if "residual" in ats:
+                # fused add+norm returns (normed, residual); HF's norm input already is the residual
+                second = _first_tensor(output, 1) if isinstance(output, (tuple, list)) else None
+                values["residual"] = second if second is not None else self._buffer.get(f"{path}:in0")
+            if ats & {"state.conv", "state.recurrent"}:
+                values.update(self._gdn_states(module, kwargs))
+            self._observe(path, values)
+            self._calls[path] += 1
+
+        return hook
+
+    def _gdn_enter(self, path: str) -> Callable:
+        def hook(module: Any, args: tuple) -> None:
+            self._gdn_stack.append(path)
+
+        return hook
+
+    def _gdn_exit(self, module: Any, args: tuple, output: Any) -> None:
+        self._gdn_stack.pop()
+
+    def _gdn_states(self, module: Any, kwargs: dict) -> dict[str, torch.Tensor | None]:
+        cache = kwargs.get("cache_params")
+        layer = getattr(cache, "layers", None)
+        if layer is None:
+            return {}
+        entry = layer[module.layer_idx]
+        get = lambda states: states.get(0) if isinstance(states, dict) else None  # noqa: E731
+        return {
+            "state.conv": get(getattr(entry, "conv_states", None)),
+            "state.recurrent": get(getattr(entry, "recurrent_states", None)),
+        }
+
+    def _on_gdn(self, args: tuple, kwargs: dict, result: Any) -> None:
+        if not self._recording() or not self._gdn_stack:
+            return
+        self._observe(self._gdn_stack[-1], {
+            "tap.g": kwargs.get("g"), "tap.beta": kwargs.get("beta"), "tap.core": _first_tensor(result),
+        })
+
+    def _on_attention(self, args: tuple, kwargs: dict, result: Any) -> None:
+        if not self._recording() or not args:
+            return
+        path = self._module_paths().get(id(args[0]))
+        if path is None:
+            return
+        q, k, v, mask = (list(args[1:5]) + [kwargs.get(n) for n in ("query", "key", "value", "attention_mask")])[:4]
+        self._observe(path, {
+            "tap.query": q, "tap.key": k, "tap.value": v,
+            "tap.mask": mask if isinstance(mask, torch.Tensor) else None,
+            "tap.core": _first_tensor(result),
+        })
+
+    def _module_paths(self) -> dict[int, str]:
+        if self._paths is None:
+            self._paths = {id(m): name for name, m in self.model.named_modules()}
+        return self._paths
+
+    def _observe(self, path: str, values: dict[str, torch.Tensor | None]) -> None:
+        fired = []
+        for at, value in values.items():
+            key = f"{path}:{at}"
+            if value is None:
+                self._buffer.pop(key, None)
+                continue
+            if Obs(path, at) in self._needed:
+                self._buffer[key] = _copy(value)
+                fired.append(key)
+        for key in fired:
+            for site in self._by_out.get(key, ()):
+                self._emit(site, self._buffer[key], path)
+
+    def _emit(self, site: Site, out: torch.Tensor, path: str) -> None:
+        call = self._calls[path]
+        name = site.name if call == 0 else f"{site.name}#{call}"
+        inputs: dict[str, torch.Tensor] = {}
+        if self.keep_inputs:
+            for role, obs in site.inputs.items():
+                value = self._buffer.get(obs.key)
+                if value is not None:
+                    inputs[role] = value
+        self.sink.add(Record(name, self.step, site.kind, site.layer, out, inputs))
+
+
+def record(model: torch.nn.Module, run: Callable[[], Any], **kwargs: Any) -> Trace:
+    """Record ``run()`` (e.g. ``lambda: model(ids)``) into an in-memory trace."""
+    with Recorder(model, **kwargs) as recorder:
+        run()
+    return recorder.trace

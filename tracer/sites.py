@@ -1,0 +1,404 @@
+"""Site tables: which intermediates of an HF model ulptrace observes, under which names.
+
+A *site* is a named place where an intermediate is observed (``layers.3.input_layernorm``,
+``layers.0.linear_attn.gates.g``, ``logits``). Names are the same on every path, so two traces
+align by name. Each site says where its output is observed, which inputs the oracle needs (also
+observed, never recomputed) and how to build the reference formula from the *reference* model's
+own modules (semantics and parameters come from the reference, activations from each path).
+
+The tables are data: one row per site kind and position, instantiated for every decoder layer
+that has the row's module. Observation points (``Obs``) are
+
+- ``out`` / ``out1``: the first / second tensor a module returns,
+- ``in0`` / ``in1``: a positional input of a module (pre-hook),
+- ``residual``: the updated residual of a post-attention norm — the second output when a fused
+  add+norm returns ``(normed, residual)``, otherwise the norm's own input (HF adds first),
+- ``tap.<field>``: a field of a function tap attributed to the module (GDN gates and core,
+  attention q/k/v/mask/core), see ``ulptrace.taps``,
+- ``state.conv`` / ``state.recurrent``: a GatedDeltaNet cache state after the module ran.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+KINDS = ("norm", "gated_norm", "glu", "gates", "attention", "residual", "state", "logits", "linear", "other")
+
+
+@dataclass(frozen=True)
+class Obs:
+    """An observation point: ``module`` (dotted path from the model root) and what is taken there."""
+
+    module: str
+    at: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.at}"
+
+
+Formula = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One named site of one model, with where its output and oracle inputs are observed."""
+
+    name: str
+    kind: str
+    layer: int | None
+    out: Obs
+    inputs: dict[str, Obs] = field(default_factory=dict)
+    # builds the reference formula fn(**inputs) from the reference model; None: no oracle semantics
+    formula: Callable[[torch.nn.Module], Formula] | None = field(default=None, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"site": self.name, "kind": self.kind, "layer": self.layer}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A site template in a table; ``module`` and observation paths are relative to the scope."""
+
+    name: str
+    kind: str
+    module: str  # the module that must exist for the row to apply ("" = the scope itself)
+    out: tuple[str, str]
+    inputs: dict[str, tuple[str, str]] = field(default_factory=dict)
+    formula: Callable[[Any, Any], Formula] | None = None  # (scope module of the reference, model) -> fn
+
+
+def _sub(scope: torch.nn.Module, path: str) -> Any:
+    obj: Any = scope
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _call(path: str) -> Callable[[Any, Any], Formula]:
+    """Formula: call the reference's own module at ``path`` on the single input ``x``."""
+
+    def build(scope: Any, model: Any) -> Formula:
+        module = _sub(scope, path)
+        return lambda x: module(x)
+
+    return build
+
+
+def _add(scope: Any, model: Any) -> Formula:
+    return lambda residual, delta: residual + delta
+
+
+def _add_then(path: str) -> Callable[[Any, Any], Formula]:
+    """Formula: the decoder layer's residual add (rounds to the stream dtype), then the norm at path."""
+
+    def build(scope: Any, model: Any) -> Formula:
+        module = _sub(scope, path)
+        return lambda residual, delta: module(residual + delta)
+
+    return build
+
+
+def _glu(scope: Any, model: Any) -> Formula:
+    act = scope.mlp.act_fn
+    return lambda gate, up: act(gate) * up
+
+
+def _gated_norm(scope: Any, model: Any) -> Formula:
+    norm = scope.linear_attn.norm
+    return lambda x, gate: norm(x, gate)
+
+
+def _gdn_g(scope: Any, model: Any) -> Formula:
+    # Declared formula for the GatedDeltaNet decay gate (kept in FP32 by HF); tests check it is
+    # bitwise equal to what HF passes to the delta rule.
+    gdn = scope.linear_attn
+    return lambda a: -gdn.A_log.float().exp() * torch.nn.functional.softplus(a.float() + gdn.dt_bias)
+
+
+def _gdn_beta(scope: Any, model: Any) -> Formula:
+    return lambda b: b.sigmoid()
+
+
+def _attention_core(scope: Any, model: Any) -> Formula:
+    attn = scope.self_attn
+    fn = attention_function(model)
+
+    def core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask=None) -> torch.Tensor:
+        return fn(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)[0]
+
+    return core
+
+
+def attention_function(model: Any) -> Callable[..., Any]:
+    """The attention interface function the model's config selects (HF's registry lookup)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    impl = model.config._attn_implementation
+    if impl in (None, "eager"):
+        layer = decoder_layers(model)[0]
+        import sys
+
+        owner = getattr(layer, "self_attn", None) or next(
+            (m for m in layer.modules() if hasattr(m, "scaling")), layer
+        )
+        return getattr(sys.modules[type(owner).__module__], "eager_attention_forward")
+    return ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def _final_norm(scope: Any, model: Any) -> Formula:
+    norm = _sub(model, _resolve(_anchors(model), "", "@body.norm", None))
+    return lambda x: norm(x)
+
+
+def _logits(scope: Any, model: Any) -> Formula:
+    head = model.get_output_embeddings()
+    return lambda x: head(x)
+
+
+# Rows shared by every decoder-only family whose module names agree (Llama, Qwen2/3, Mistral,
+# Qwen3.5): norms, attention, MLP/GLU, residual stream.
+_COMMON_LAYER_ROWS: tuple[Row, ...] = (
+    Row("input_layernorm", "norm", "input_layernorm", ("input_layernorm", "out"),
+        {"x": ("input_layernorm", "in0")}, _call("input_layernorm")),
+    Row("self_attn.q_norm", "norm", "self_attn.q_norm", ("self_attn.q_norm", "out"),
+        {"x": ("self_attn.q_norm", "in0")}, _call("self_attn.q_norm")),
+    Row("self_attn.k_norm", "norm", "self_attn.k_norm", ("self_attn.k_norm", "out"),
+        {"x": ("self_attn.k_norm", "in0")}, _call("self_attn.k_norm")),
+    Row("self_attn.core", "attention", "self_attn", ("self_attn", "tap.core"),
+        {"query": ("self_attn", "tap.query"), "key": ("self_attn", "tap.key"),
+         "value": ("self_attn", "tap.value"), "attention_mask": ("self_attn", "tap.mask")},
+        _attention_core),
+    Row("self_attn.o_proj", "linear", "self_attn.o_proj", ("self_attn.o_proj", "out"),
+        {"x": ("self_attn.o_proj", "in0")}, _call("self_attn.o_proj")),
+    Row("post_attention_layernorm", "norm", "post_attention_layernorm", ("post_attention_layernorm", "out"),
+        {"residual": ("", "in0"), "delta": ("@mixer", "out")}, _add_then("post_attention_layernorm")),
+    Row("residual_attn", "residual", "post_attention_layernorm", ("post_attention_layernorm", "residual"),
+        {"residual": ("", "in0"), "delta": ("@mixer", "out")}, _add),
+    Row("mlp.gate_proj", "linear", "mlp.gate_proj", ("mlp.gate_proj", "out"),
+        {"x": ("mlp.gate_proj", "in0")}, _call("mlp.gate_proj")),
+    Row("mlp.up_proj", "linear", "mlp.up_proj", ("mlp.up_proj", "out"),
+        {"x": ("mlp.up_proj", "in0")}, _call("mlp.up_proj")),
+    Row("mlp.glu", "glu", "mlp.down_proj", ("mlp.down_proj", "in0"),
+        {"gate": ("mlp.gate_proj", "out"), "up": ("mlp.up_proj", "out")}, _glu),
+    Row("mlp.down_proj", "linear", "mlp.down_proj", ("mlp.down_proj", "out"),
+        {"x": ("mlp.down_proj", "in0")}, _call("mlp.down_proj")),
+    Row("output", "residual", "", ("", "out"),
+        {"residual": ("post_attention_layernorm", "residual"), "delta": ("mlp", "out")}, _add),
+)
+
+# Qwen3.5's GatedDeltaNet layers (linear attention): gates, core, states, gated norm.
+_GDN_ROWS: tuple[Row, ...] = (
+    Row("linear_attn.gates.g", "gates", "linear_attn", ("linear_attn", "tap.g"),
+        {"a": ("linear_attn.in_proj_a", "out")}, _gdn_g),
+    Row("linear_attn.gates.beta", "gates", "linear_attn", ("linear_attn", "tap.beta"),
+        {"b": ("linear_attn.in_proj_b", "out")}, _gdn_beta),
+    Row("linear_attn.core", "attention", "linear_attn", ("linear_attn", "tap.core")),
+    Row("linear_attn.conv_state", "state", "linear_attn", ("linear_attn", "state.conv")),
+    Row("linear_attn.recurrent_state", "state", "linear_attn", ("linear_attn", "state.recurrent")),
+    Row("linear_attn.norm", "gated_norm", "linear_attn.norm", ("linear_attn.norm", "out"),
+        {"x": ("linear_attn.norm", "in0"), "gate": ("linear_attn.norm", "in1")}, _gated_norm),
+    Row("linear_attn.out_proj", "linear", "linear_attn.out_proj", ("linear_attn.out_proj", "out"),
+        {"x": ("linear_attn.out_proj", "in0")}, _call("linear_attn.out_proj")),
+)
+
+# Model-level rows (scope: the model root; "@body" is the decoder stack's owner, "@head" the LM head).
+_MODEL_ROWS: tuple[Row, ...] = (
+    Row("embed", "other", "@embed", ("@embed", "out")),
+    Row("norm", "norm", "@body.norm", ("@body.norm", "out"), {"x": ("@body.norm", "in0")}, _final_norm),
+    Row("logits", "logits", "@head", ("@head", "out"), {"x": ("@head", "in0")}, _logits),
+)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A site table: which architectures it covers and its per-layer rows (in execution order)."""
+
+    family: str
+    architectures: tuple[str, ...]
+    layer_rows: tuple[Row, ...]
+
+
+_LAYER_ORDER_QWEN35 = (
+    _COMMON_LAYER_ROWS[:1] + _GDN_ROWS + _COMMON_LAYER_ROWS[1:]
+)
+
+TABLES: dict[str, Table] = {
+    "qwen3_5": Table("qwen3_5", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM"),
+                     _LAYER_ORDER_QWEN35),
+    "llama": Table("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                             "GemmaForCausalLM", "Gemma2ForCausalLM"), _COMMON_LAYER_ROWS),
+}
+
+# Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped).
+GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+
+
+def table_for(model: Any) -> Table | None:
+    """The site table for ``model``'s architecture, or None when ulptrace has none."""
+    arch = type(model).__name__
+    for table in TABLES.values():
+        if arch in table.architectures:
+            return table
+    return None
+
+
+def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
+    """The decoder layer list (the first ``ModuleList`` named ``layers``)."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+            return module
+    raise ValueError(f"{type(model).__name__} has no ModuleList named 'layers'; ulptrace cannot find its decoder")
+
+
+def _path_of(model: Any, module: torch.nn.Module) -> str:
+    for name, m in model.named_modules():
+        if m is module:
+            return name
+    raise ValueError(f"module {type(module).__name__} is not part of the model")
+
+
+def _anchors(model: Any) -> dict[str, str]:
+    layers = decoder_layers(model)
+    layers_path = _path_of(model, layers)
+    body = layers_path.rsplit(".", 1)[0] if "." in layers_path else ""
+    return {
+        "@layers": layers_path,
+        "@body": body,
+        "@embed": _path_of(model, model.get_input_embeddings()),
+        "@head": _path_of(model, model.get_output_embeddings()),
+    }
+
+
+def _resolve(anchors: dict[str, str], scope: str, path: str, layer: torch.nn.Module | None) -> str:
+    if path.startswith("@mixer"):
+        mixer = "linear_attn" if hasattr(layer, "linear_attn") else "self_attn"
+        path = mixer + path[len("@mixer"):]
+    for anchor, real in anchors.items():
+        if path == anchor or path.startswith(anchor + "."):
+            path = real + path[len(anchor):]
+            return path.lstrip(".")
+    return ".".join(p for p in (scope, path) if p)
+
+
+def _exists(model: Any, path: str) -> bool:
+    try:
+        _sub(model, path)
+    except AttributeError:
+        return False
+    return True
+
+
+def site_table(model: Any, *, warn: bool = True) -> list[Site]:
+    """All sites of ``model`` in execution order.
+
+    Uses the architecture's table; a model with no table gets a generic fallback (every leaf
+    module's output plus every decoder layer's output, no oracle formulas) and a warning naming
+    the architecture.
+    """
+    table = table_for(model)
+    if table is None:
+        if warn:
+            known = sorted(a for t in TABLES.values() for a in t.architectures)
+            warnings.warn(
+                f"ulptrace has no site table for {type(model).__name__}; recording every leaf module's output "
+                f"and decoder-layer outputs without oracle semantics (tables exist for: {', '.join(known)})",
+                stacklevel=2,
+            )
+        return _fallback_sites(model)
+    anchors = _anchors(model)
+    sites: list[Site] = []
+
+    def instantiate(row: Row, scope_path: str, layer_index: int | None, layer: Any, ref_scope: Callable) -> None:
+        if not _exists(model, _resolve(anchors, scope_path, row.module, layer)):
+            return
+        out = Obs(_resolve(anchors, scope_path, row.out[0], layer), row.out[1])
+        inputs = {role: Obs(_resolve(anchors, scope_path, p, layer), at) for role, (p, at) in row.inputs.items()}
+        prefix = f"layers.{layer_index}." if layer_index is not None else ""
+        formula = None
+        if row.formula is not None:
+            build = row.formula
+
+            def formula(ref_model: Any, build=build, ref_scope=ref_scope) -> Formula:
+                return build(ref_scope(ref_model), ref_model)
+
+        sites.append(Site(prefix + row.name, row.kind, layer_index, out, inputs, formula))
+
+    sites.append(_model_site(_MODEL_ROWS[0], anchors, model))
+    layers_path = anchors["@layers"]
+    for i, layer in enumerate(decoder_layers(model)):
+        scope = f"{layers_path}.{i}"
+        for row in table.layer_rows:
+            instantiate(row, scope, i, layer, lambda ref, i=i: decoder_layers(ref)[i])
+    for row in _MODEL_ROWS[1:]:
+        instantiate(row, "", None, None, lambda ref: ref)
+    return sites
+
+
+def _model_site(row: Row, anchors: dict[str, str], model: Any) -> Site:
+    return Site(row.name, row.kind, None, Obs(_resolve(anchors, "", row.out[0], None), row.out[1]))
+
+
+def _fallback_sites(model: Any) -> list[Site]:
+    sites = []
+    layer_paths: dict[str, int] = {}
+    try:
+        layers_path = _path_of(model, decoder_layers(model))
+        layer_paths = {f"{layers_path}.{i}": i for i in range(len(decoder_layers(model)))}
+    except ValueError:
+        pass
+    for name, module in model.named_modules():
+        is_leaf = next(iter(module.children()), None) is None
+        if name and (is_leaf or name in layer_paths):
+            layer = layer_paths.get(name)
+            if layer is None:
+                layer = next((i for p, i in layer_paths.items() if name.startswith(p + ".")), None)
+            sites.append(Site(name, "other", layer, Obs(name, "out")))
+    return sites
+
+
+def select(
+    sites: Iterable[Site],
+    patterns: Sequence[str] | None = None,
+    kinds: Sequence[str] | None = None,
+    layers: range | Sequence[int] | None = None,
+) -> list[Site]:
+    """Sites whose name matches any glob in ``patterns``, whose kind is in ``kinds`` and whose layer
+    is in ``layers`` (model-level sites have no layer and pass a layer filter only when it is None).
+
+    Raises ``ValueError`` for an unknown kind.
+    """
+    if kinds is not None:
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            raise ValueError(f"unknown site kind(s) {unknown}: expected some of {list(KINDS)}")
+    chosen = []
+    for site in sites:
+        if patterns and not any(fnmatch.fnmatchcase(site.name, p) for p in patterns):
+            continue
+        if kinds is not None and site.kind not in kinds:
+            continue
+        if layers is not None and (site.layer is None or site.layer not in layers):
+            continue
+        chosen.append(site)
+    return chosen
+
+
+def parse_range(text: str | None) -> range | None:
+    """``"3"`` -> range(3, 4); ``"2:5"`` -> range(2, 5); ``"2:"`` -> open-ended; None -> None."""
+    if text is None or text == "":
+        return None
+    try:
+        if ":" in text:
+            lo, hi = text.split(":", 1)
+            return range(int(lo or 0), int(hi) if hi else 1 << 30)
+        n = int(text)
+        return range(n, n + 1)
+    except ValueError:
+        raise ValueError(f"expected a range like '3', '2:5' or '2:', but got {text!r}") from None

@@ -1,0 +1,303 @@
+"""Traces: the records of one run, in memory and on disk.
+
+A trace maps ``(site, step)`` to a ``Record`` (the site's output and the inputs the oracle needs),
+plus metadata (model, path, dtype, device, seeds, prompt shapes, library versions). On disk it is
+a directory with ``manifest.json`` and one safetensors shard per step; it is written to a
+temporary directory that is renamed into place, so a crash never leaves a partial trace under the
+final name. Loading checks the schema name and version and every shard's size, and says which
+check failed for a truncated, foreign or newer trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA = "ulptrace.trace"
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class TraceError(ValueError):
+    """A trace directory that cannot be read: missing, truncated, foreign or of a newer schema."""
+
+
+@dataclass
+class Record:
+    """One observation of one site at one step.
+
+    ``out`` is the site's output; ``inputs`` maps oracle input roles (``x``, ``residual``,
+    ``gate``, ...) to the tensors this path fed the site. Tensors are detached copies.
+    """
+
+    site: str
+    step: int
+    kind: str
+    layer: int | None
+    out: torch.Tensor
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.site, self.step)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "step": self.step,
+            "kind": self.kind,
+            "layer": self.layer,
+            "dtype": str(self.out.dtype).removeprefix("torch."),
+            "shape": list(self.out.shape),
+            "inputs": {
+                role: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                for role, t in self.inputs.items()
+            },
+        }
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that decide numerics: python, torch (+CUDA), transformers, ulptrace."""
+    import ulptrace
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "ulptrace": ulptrace.__version__}
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    return versions
+
+
+class Trace:
+    """Records in execution order plus metadata; ``trace[site, step]`` gives a ``Record``."""
+
+    def __init__(self, metadata: dict[str, Any] | None = None, records: Iterable[Record] = ()) -> None:
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._records: dict[tuple[str, int], Record] = {}
+        for record in records:
+            self.add(record)
+
+    def add(self, record: Record) -> None:
+        if record.key in self._records:
+            raise ValueError(f"trace already has a record for site {record.site!r} at step {record.step}")
+        self._records[record.key] = record
+
+    def __getitem__(self, key: tuple[str, int]) -> Record:
+        try:
+            return self._records[key]
+        except KeyError:
+            raise KeyError(f"trace has no record for site {key[0]!r} at step {key[1]}") from None
+
+    def get(self, key: tuple[str, int]) -> Record | None:
+        return self._records.get(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._records
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self._records.values())
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def sites(self) -> list[str]:
+        """Site names in first-execution order."""
+        return list(dict.fromkeys(site for site, _ in self._records))
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({step for _, step in self._records})
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically to directory ``path`` (must not exist); returns the path."""
+        writer = TraceWriter(path, self.metadata)
+        for record in self:
+            writer.add(record)
+        return writer.close()
+
+
+def _shard_name(step: int) -> str:
+    return f"step-{step:05d}.safetensors"
+
+
+def _tensor_key(site: str, step: int, role: str) -> str:
+    return f"{site}|{step}|{role}"
+
+
+class TraceWriter:
+    """Streams records to disk one step shard at a time; ``close()`` renames the directory into place.
+
+    Records must arrive step by step (all of step t before step t+1), as a recorder produces them.
+    Memory held is one step's records.
+    """
+
+    def __init__(self, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> None:
+        self.path = Path(path)
+        if self.path.exists():
+            raise FileExistsError(f"trace directory {self.path} already exists; choose a new path or remove it")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
+        self.metadata = dict(metadata or {})
+        self._entries: list[dict[str, Any]] = []
+        self._shards: dict[str, int] = {}
+        self._pending: dict[str, torch.Tensor] = {}
+        self._step: int | None = None
+        self._closed = False
+
+    def add(self, record: Record) -> None:
+        if self._step is not None and record.step != self._step:
+            if record.step < self._step or _shard_name(record.step) in self._shards:
+                raise ValueError(f"records must arrive step by step; got step {record.step} after {self._step}")
+            self._flush()
+        self._step = record.step
+        entry = record.describe()
+        entry["shard"] = _shard_name(record.step)
+        self._entries.append(entry)
+        self._pending[_tensor_key(record.site, record.step, "out")] = record.out
+        for role, tensor in record.inputs.items():
+            self._pending[_tensor_key(record.site, record.step, "in." + role)] = tensor
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        from safetensors.torch import save_file
+
+        name = _shard_name(self._step)  # type: ignore[arg-type]
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self._pending.items()}
+        save_file(tensors, str(self._tmp / name))
+        self._shards[name] = (self._tmp / name).stat().st_size
+        self._pending = {}
+
+    def close(self, metadata: dict[str, Any] | None = None) -> Path:
+        if self._closed:
+            return self.path
+        self._flush()
+        if metadata:
+            self.metadata.update(metadata)
+        manifest = {
+            "schema": SCHEMA,
+            "version": SCHEMA_VERSION,
+            "metadata": self.metadata,
+            "records": self._entries,
+            "shards": self._shards,
+        }
+        (self._tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
+        os.replace(self._tmp, self.path)
+        self._closed = True
+        return self.path
+
+    def abort(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._closed = True
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The validated manifest of trace directory ``path``; raises ``TraceError`` saying what is wrong."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TraceError(f"{path} is not a trace directory (expected a directory with {MANIFEST})")
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise TraceError(f"{path} has no {MANIFEST}: not a ulptrace trace, or one whose write did not finish")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{manifest_path} is not valid JSON (truncated or foreign file): {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
+        raise TraceError(f"{manifest_path} has schema {found!r}, expected {SCHEMA!r}: not a ulptrace trace")
+    version = manifest.get("version")
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise TraceError(
+            f"{path} was written with trace schema version {version!r}; this ulptrace reads versions up to "
+            f"{SCHEMA_VERSION} — upgrade ulptrace to read it"
+        )
+    for key in ("metadata", "records", "shards"):
+        if key not in manifest:
+            raise TraceError(f"{manifest_path} lacks the {key!r} field required by schema version {version}")
+    for name, size in manifest["shards"].items():
+        shard = path / name
+        if not shard.is_file():
+            raise TraceError(f"{path}: shard {name} listed in the manifest is missing")
+        found = shard.stat().st_size
+        if found != size:
+            raise TraceError(f"{path}: shard {name} has {found} bytes, the manifest says {size} (truncated or altered)")
+    return manifest
+
+
+class LazyTrace:
+    """A trace on disk read one step shard at a time (bounded memory for streaming comparison)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        self.metadata: dict[str, Any] = self.manifest["metadata"]
+        self._entries = {(e["site"], e["step"]): e for e in self.manifest["records"]}
+        self._shard_name: str | None = None
+        self._shard: dict[str, torch.Tensor] = {}
+
+    def _load_shard(self, name: str) -> dict[str, torch.Tensor]:
+        if name != self._shard_name:
+            from safetensors.torch import load_file
+
+            try:
+                self._shard = load_file(str(self.path / name))
+            except Exception as exc:  # safetensors raises its own error types for corrupt files
+                raise TraceError(f"{self.path}: shard {name} cannot be read ({exc})") from None
+            self._shard_name = name
+        return self._shard
+
+    def keys(self) -> list[tuple[str, int]]:
+        return list(self._entries)
+
+    def get(self, key: tuple[str, int]) -> Record | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        shard = self._load_shard(entry["shard"])
+        site, step = key
+
+        def tensor(role: str) -> torch.Tensor:
+            name = _tensor_key(site, step, role)
+            if name not in shard:
+                raise TraceError(f"{self.path}: shard {entry['shard']} lacks tensor {name!r} listed in the manifest")
+            return shard[name]
+
+        return Record(
+            site, step, entry["kind"], entry["layer"], tensor("out"),
+            {role: tensor("in." + role) for role in entry.get("inputs", {})},
+        )
+
+    def __iter__(self) -> Iterator[Record]:
+        for key in self._entries:
+            record = self.get(key)
+            assert record is not None
+            yield record
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def load(self) -> Trace:
+        return Trace(self.metadata, iter(self))
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Load a whole trace directory into memory; raises ``TraceError`` for bad directories."""
+    return LazyTrace(path).load()
