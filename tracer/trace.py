@@ -107,6 +107,9 @@ class Trace:
     def __contains__(self, key: object) -> bool:
         return key in self._records
 
+    def keys(self) -> list[tuple[str, int]]:
+        return list(self._records)
+
     def __iter__(self) -> Iterator[Record]:
         return iter(self._records.values())
 
@@ -155,6 +158,7 @@ class TraceWriter:
         self._entries: list[dict[str, Any]] = []
         self._shards: dict[str, int] = {}
         self._pending: dict[str, torch.Tensor] = {}
+        self._stored: dict[int, str] = {}  # id(tensor) -> key, within the pending step
         self._step: int | None = None
         self._closed = False
 
@@ -166,10 +170,16 @@ class TraceWriter:
         self._step = record.step
         entry = record.describe()
         entry["shard"] = _shard_name(record.step)
+        # records share tensors (a GLU's gate input is the gate_proj output): store each once
+        entry["tensors"] = {}
+        for role, tensor in [("out", record.out)] + [("in." + r, t) for r, t in record.inputs.items()]:
+            key = self._stored.get(id(tensor))
+            if key is None:
+                key = _tensor_key(record.site, record.step, role)
+                self._stored[id(tensor)] = key
+                self._pending[key] = tensor
+            entry["tensors"][role] = key
         self._entries.append(entry)
-        self._pending[_tensor_key(record.site, record.step, "out")] = record.out
-        for role, tensor in record.inputs.items():
-            self._pending[_tensor_key(record.site, record.step, "in." + role)] = tensor
 
     def _flush(self) -> None:
         if not self._pending:
@@ -181,6 +191,7 @@ class TraceWriter:
         save_file(tensors, str(self._tmp / name))
         self._shards[name] = (self._tmp / name).stat().st_size
         self._pending = {}
+        self._stored = {}
 
     def close(self, metadata: dict[str, Any] | None = None) -> Path:
         if self._closed:
@@ -272,7 +283,9 @@ class LazyTrace:
         site, step = key
 
         def tensor(role: str) -> torch.Tensor:
-            name = _tensor_key(site, step, role)
+            name = entry.get("tensors", {}).get(role)
+            if name is None:
+                raise TraceError(f"{self.path}: the manifest names no tensor for {site!r} step {step} role {role!r}")
             if name not in shard:
                 raise TraceError(f"{self.path}: shard {entry['shard']} lacks tensor {name!r} listed in the manifest")
             return shard[name]

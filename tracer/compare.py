@@ -1,0 +1,222 @@
+"""Comparison: align two traces by (site, step), measure ULPs, attach verdicts, find the onset.
+
+``compare(reference, candidate)`` gives one ``SiteDiff`` per aligned record — element count,
+differing count, max ULP, histogram, bitwise equality, the ULP delta of the site's recorded
+inputs (error inherited from upstream) and, with a ``SiteJudge``, the oracle's verdict counts and
+named boundary. Missing and extra records and shape/dtype mismatches are listed, never crashed on.
+``StreamingComparator`` does the same record by record as a recorder sink, keeping statistics only.
+
+The *onset* is the first (step, site), in execution order, whose candidate introduced error of its
+own: any verdict worse than ``tie``; for a site whose kind has no oracle semantics, a difference
+above ``max_ulp`` although every recorded input was bitwise equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ulptrace.trace import Record, Trace
+from ulptrace.ulp import FORMATS, ulp_distance, ulp_histogram
+
+BAD_VERDICTS = ("boundary", "error", "nonfinite")
+
+
+class SiteJudge(Protocol):
+    """Judges one aligned record pair with the oracle (see ``ulptrace.verdicts.OracleJudge``)."""
+
+    def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None: ...
+
+
+@dataclass
+class SiteDiff:
+    """Statistics of one (site, step): what differs, by how many ULPs, and the oracle's verdict."""
+
+    site: str
+    step: int
+    kind: str
+    layer: int | None
+    elements: int
+    differing: int
+    max_ulp: int | None
+    histogram: dict[str, int]
+    bitwise_equal: bool
+    dtype: str
+    shape: list[int]
+    input_delta: dict[str, int | None] = field(default_factory=dict)
+    verdicts: dict[str, int] | None = None
+    boundary: str | None = None
+    explained: float | None = None
+    max_error_ulp: int | None = None
+    reference_outside: int | None = None  # reference elements outside its own semantics
+    note: str | None = None
+
+    @property
+    def own_error(self) -> bool:
+        """True when this site introduced a difference of its own (see module docstring)."""
+        if self.verdicts is not None:
+            return any(self.verdicts.get(v, 0) for v in BAD_VERDICTS)
+        return False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int | None, dict[str, int]]:
+    """(differing count, max ULP or None when not measurable, histogram) of two same-shape tensors."""
+    if a.dtype in FORMATS:
+        dist = ulp_distance(a, b)
+        hist = ulp_histogram(dist.distance, dist.nan)
+        differing = int(a.numel() - hist["0"])
+        finite = dist.distance[~dist.nan]
+        max_ulp = int(finite.max()) if finite.numel() else 0
+        return differing, max_ulp, hist
+    differing = int((a != b).sum())  # integer / bool records: count only
+    return differing, None, {}
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point:
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return bool(torch.equal(a.contiguous().view(width), b.contiguous().view(width)))
+    return bool(torch.equal(a, b))
+
+
+def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
+    """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
+    ref, cand = reference.out, candidate.out
+    if ref.shape != cand.shape or ref.dtype != cand.dtype:
+        return {
+            "site": reference.site, "step": reference.step,
+            "reason": f"reference has {str(ref.dtype).removeprefix('torch.')} {list(ref.shape)}, "
+                      f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
+        }
+    ref, cand = ref.cpu(), cand.cpu()
+    differing, max_ulp, hist = _ulp_stats(ref, cand)
+    inputs: dict[str, int | None] = {}
+    for role, r_in in reference.inputs.items():
+        c_in = candidate.inputs.get(role)
+        if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
+            inputs[role] = None
+            continue
+        _, in_max, _ = _ulp_stats(r_in.cpu(), c_in.cpu())
+        inputs[role] = in_max if in_max is not None else int(not torch.equal(r_in.cpu(), c_in.cpu()))
+    diff = SiteDiff(
+        site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
+        elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
+        bitwise_equal=_bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
+        shape=list(ref.shape), input_delta=inputs,
+    )
+    if judge is not None:
+        judged = judge(reference, candidate)
+        if judged:
+            for key, value in judged.items():
+                setattr(diff, key, value)
+    return diff
+
+
+@dataclass
+class Comparison:
+    """The result of comparing two traces (or a streamed candidate against a reference)."""
+
+    sites: list[SiteDiff] = field(default_factory=list)
+    missing: list[dict[str, Any]] = field(default_factory=list)  # in the reference only
+    extra: list[dict[str, Any]] = field(default_factory=list)  # in the candidate only
+    mismatched: list[dict[str, Any]] = field(default_factory=list)  # shape or dtype differ
+    reference: dict[str, Any] = field(default_factory=dict)  # metadata
+    candidate: dict[str, Any] = field(default_factory=dict)
+    max_ulp: int = 0
+    observation: dict[str, Any] | None = None  # result of the observation check, if run
+
+    def first_difference(self) -> SiteDiff | None:
+        return next((d for d in self.sites if not d.bitwise_equal), None)
+
+    def onset(self) -> SiteDiff | None:
+        for d in self.sites:
+            if d.own_error:
+                return d
+            if d.verdicts is None and not d.bitwise_equal and d.input_delta:
+                own = all(v == 0 for v in d.input_delta.values())
+                if own and (d.max_ulp is None or d.max_ulp > self.max_ulp):
+                    return d
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented JSON contract (README, "JSON output"): keys are added, never renamed."""
+
+        def point(d: SiteDiff | None) -> dict[str, Any] | None:
+            return None if d is None else {"step": d.step, "site": d.site, "kind": d.kind, "layer": d.layer}
+
+        return {
+            "schema": "ulptrace.comparison",
+            "version": 1,
+            "first_difference": point(self.first_difference()),
+            "onset": point(self.onset()),
+            "max_ulp_budget": self.max_ulp,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "observation": self.observation,
+            "missing": self.missing,
+            "extra": self.extra,
+            "mismatched": self.mismatched,
+            "sites": [d.to_json() for d in self.sites],
+        }
+
+
+class StreamingComparator:
+    """A recorder sink comparing each candidate record against ``reference`` as it arrives.
+
+    Keeps only ``SiteDiff`` statistics; the reference can be a ``Trace`` or a ``LazyTrace`` on
+    disk (read one step shard at a time), so memory stays bounded for long runs.
+    """
+
+    def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.reference = reference
+        self.judge = judge
+        self.result = Comparison(reference=dict(getattr(reference, "metadata", {})), max_ulp=max_ulp,
+                                 candidate=dict(metadata or {}))
+        self._seen: set[tuple[str, int]] = set()
+
+    def add(self, record: Record) -> None:
+        self._seen.add(record.key)
+        ref = self.reference.get(record.key)
+        if ref is None:
+            self.result.extra.append({"site": record.site, "step": record.step})
+            return
+        diff = diff_records(ref, record, self.judge)
+        if isinstance(diff, dict):
+            self.result.mismatched.append(diff)
+        else:
+            self.result.sites.append(diff)
+
+    def finish(self) -> Comparison:
+        keys = self.reference.keys() if hasattr(self.reference, "keys") else [r.key for r in self.reference]
+        self.result.missing = [{"site": s, "step": t} for s, t in keys if (s, t) not in self._seen]
+        return self.result
+
+
+def compare(reference: Trace | Any, candidate: Trace | Iterable[Record], *, judge: SiteJudge | None = None,
+            max_ulp: int = 0) -> Comparison:
+    """Align ``candidate`` with ``reference`` by (site, step) and compare every pair.
+
+    Both may be ``Trace`` or ``LazyTrace``; ``judge`` (an ``OracleJudge``) adds verdicts.
+    """
+    streaming = StreamingComparator(reference, judge=judge, max_ulp=max_ulp,
+                                    metadata=getattr(candidate, "metadata", {}))
+    for record in candidate:
+        streaming.add(record)
+    return streaming.finish()
+
+
+def first_difference(comparison: Comparison) -> SiteDiff | None:
+    """The first (step, site) in execution order whose output is not bitwise equal."""
+    return comparison.first_difference()
+
+
+def onset(comparison: Comparison) -> SiteDiff | None:
+    """The first (step, site) in execution order that introduced error of its own (see module doc)."""
+    return comparison.onset()

@@ -1,0 +1,127 @@
+"""Paths: named ways of executing a model, resolved by name at run time.
+
+A path is a function ``fn(model)`` that changes how ``model`` executes, in place, and returns
+something that undoes it (an object with ``undo()`` or ``remove()``, a context manager, a
+callable, or None when nothing needs undoing). ``hf`` is the reference; ``hf:attn=<impl>``
+switches HF's attention implementation; ``kernels:faithful`` / ``kernels:fused`` inject
+ulptrace's own kernels (resolved by import string, so the core never imports ``ulptrace.kernels``);
+and any ``package.module:function`` names a user's own patching function — the way to trace your
+own kernels without writing code against ulptrace.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+PathFn = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class PathSpec:
+    name: str
+    target: str | PathFn  # an import string "pkg.mod:function" or the function itself
+    description: str
+
+
+_REGISTRY: dict[str, PathSpec] = {}
+_RESERVED = ("hf", "kernels", "compile")  # prefixes of built-in names, never import strings
+
+
+def register_path(name: str, target: str | PathFn, description: str = "") -> None:
+    """Register ``name`` (e.g. ``"mykernels:v2"``) for ``target`` (a function or import string)."""
+    _REGISTRY[name] = PathSpec(name, target, description)
+
+
+def list_paths() -> dict[str, str]:
+    """Registered path names and their descriptions (``hf:attn=<impl>`` and ``module:function`` also work)."""
+    return {name: spec.description for name, spec in _REGISTRY.items()}
+
+
+def _set_attention(impl: str) -> PathFn:
+    def apply(model: Any) -> Callable[[], None]:
+        previous = model.config._attn_implementation
+        model.set_attn_implementation(impl)
+        return lambda: model.set_attn_implementation(previous)
+
+    return apply
+
+
+def _import(target: str) -> PathFn:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise KeyError(f"path {target!r}: cannot import module {module_name!r} ({exc})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise KeyError(f"path {target!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def resolve_path(name: str) -> PathFn:
+    """The function for path ``name``; raises ``KeyError`` listing the known names."""
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        return _import(spec.target) if isinstance(spec.target, str) else spec.target
+    if name.startswith("hf:attn="):
+        return _set_attention(name.split("=", 1)[1])
+    prefix = name.partition(":")[0]
+    if ":" in name and prefix not in _RESERVED:
+        return _import(name)
+    known = ", ".join(list(_REGISTRY) + ["hf:attn=<eager|sdpa|...>", "package.module:function"])
+    raise KeyError(f"unknown path {name!r}: expected one of {known}")
+
+
+class Applied:
+    """An applied path; ``undo()`` restores the model (idempotent)."""
+
+    def __init__(self, name: str, undo: Any) -> None:
+        self.name = name
+        self._undo = undo
+        self.info: dict[str, Any] = dict(getattr(undo, "info", {}) or {})
+
+    def undo(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is None:
+            return
+        for method in ("undo", "remove", "__exit__"):
+            if hasattr(undo, method):
+                fn = getattr(undo, method)
+                fn(None, None, None) if method == "__exit__" else fn()
+                return
+        if callable(undo):
+            undo()
+
+    def __enter__(self) -> Applied:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
+def apply_path(model: Any, name: str) -> Applied:
+    """Apply path ``name`` to ``model`` in place; use the result as a context manager or call ``undo()``.
+
+    Raises ``KeyError`` for an unknown path name, naming the known ones, and checks that the
+    named attention implementation exists.
+    """
+    fn = resolve_path(name)
+    try:
+        handle = fn(model)
+    except KeyError as exc:  # e.g. HF's "not a valid attention implementation"
+        raise KeyError(f"path {name!r} cannot be applied: {exc}") from None
+    if hasattr(handle, "__enter__") and not hasattr(handle, "undo"):
+        handle.__enter__()
+    return Applied(name, handle)
+
+
+register_path("hf", lambda model: None, "HF as configured (the reference)")
+register_path("hf:attn=eager", _set_attention("eager"), "HF with eager attention (probabilities rounded before P@V)")
+register_path("hf:attn=sdpa", _set_attention("sdpa"), "HF with torch scaled_dot_product_attention")
+register_path("kernels:faithful", "ulptrace.kernels.inject:faithful",
+              "ulptrace's kernels keeping HF's rounding points (CUDA on GPU, references on CPU)")
+register_path("kernels:fused", "ulptrace.kernels.inject:fused",
+              "ulptrace's kernels in fused mode: FP32 inside, one final rounding (CUDA on GPU, references on CPU)")
