@@ -20,7 +20,7 @@ import torch
 
 from ulptrace.compare import Comparison, StreamingComparator, _bitwise_equal
 from ulptrace.models import DEFAULT_MODEL, build_model
-from ulptrace.paths import apply_path
+from ulptrace.paths import apply_path, resolve_path
 from ulptrace.record import Recorder
 from ulptrace.sites import parse_range, select, site_table
 from ulptrace.trace import LazyTrace, TraceWriter
@@ -97,6 +97,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
     """Record the reference to disk, stream the candidate against it; returns (comparison, run info)."""
     say = progress or (lambda msg: None)
     dtype = _dtype(cfg.dtype)
+    resolve_path(cfg.reference), resolve_path(cfg.candidate)  # unknown names fail before any work
     steps = parse_range(cfg.steps)
     ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
     cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)

@@ -5,6 +5,7 @@ something that undoes it (an object with ``undo()`` or ``remove()``, a context m
 callable, or None when nothing needs undoing). ``hf`` is the reference; ``hf:attn=<impl>``
 switches HF's attention implementation; ``kernels:faithful`` / ``kernels:fused`` inject
 ulptrace's own kernels (resolved by import string, so the core never imports ``ulptrace.kernels``);
+``fault:SITE@STEP[+ULPS]`` moves one element of one site (``ulptrace.faults``);
 and any ``package.module:function`` names a user's own patching function — the way to trace your
 own kernels without writing code against ulptrace.
 """
@@ -27,7 +28,7 @@ class PathSpec:
 
 
 _REGISTRY: dict[str, PathSpec] = {}
-_RESERVED = ("hf", "kernels", "compile")  # prefixes of built-in names, never import strings
+_RESERVED = ("hf", "kernels", "compile", "fault")  # prefixes of built-in names, never import strings
 
 
 def register_path(name: str, target: str | PathFn, description: str = "") -> None:
@@ -68,10 +69,15 @@ def resolve_path(name: str) -> PathFn:
         return _import(spec.target) if isinstance(spec.target, str) else spec.target
     if name.startswith("hf:attn="):
         return _set_attention(name.split("=", 1)[1])
+    if name.startswith("fault:"):
+        from ulptrace.faults import fault_path
+
+        return fault_path(name)
     prefix = name.partition(":")[0]
     if ":" in name and prefix not in _RESERVED:
         return _import(name)
-    known = ", ".join(list(_REGISTRY) + ["hf:attn=<eager|sdpa|...>", "package.module:function"])
+    known = ", ".join(list(_REGISTRY) + ["hf:attn=<eager|sdpa|...>", "fault:SITE@STEP[+ULPS]",
+                                         "package.module:function"])
     raise KeyError(f"unknown path {name!r}: expected one of {known}")
 
 

@@ -9,7 +9,8 @@ other's arguments or not, depending on order. A tap is the one wrapper installed
 
 1. applies the *transforms* (injection: rewrite the arguments),
 2. calls the *implementation* (the original, or one set by injection),
-3. hands the final arguments and the result to every *observer* (recording).
+3. applies the *result transforms* (fault injection: alter what the call returns),
+4. hands the final arguments and the result to every *observer* (recording).
 
 so observers always see what the implementation really received and returned. The original is
 put back when the last user of a tap goes away. Taps are process-global state, but every change
@@ -23,6 +24,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 Transform = Callable[[tuple, dict], "tuple[tuple, dict]"]
+ResultTransform = Callable[[tuple, dict, Any], Any]
 Observer = Callable[[tuple, dict, Any], None]
 
 _TAPS: dict[tuple[int, str], FunctionTap] = {}
@@ -61,6 +63,7 @@ class FunctionTap:
         self._mapping = _is_mapping(namespace)
         self.original = namespace[name] if self._mapping else getattr(namespace, name)
         self.transforms: list[Transform] = []
+        self.result_transforms: list[ResultTransform] = []
         self.observers: list[Observer] = []
         self.impl: Callable[..., Any] | None = None
         tap = self
@@ -70,6 +73,8 @@ class FunctionTap:
             for transform in tuple(tap.transforms):
                 args, kwargs = transform(args, kwargs)
             result = (tap.impl or tap.original)(*args, **kwargs)
+            for result_transform in tuple(tap.result_transforms):
+                result = result_transform(args, kwargs, result)
             for observer in tuple(tap.observers):
                 observer(args, kwargs, result)
             return result
@@ -85,7 +90,7 @@ class FunctionTap:
             setattr(self.namespace, self.name, value)
 
     def _release_if_unused(self) -> None:
-        if not self.transforms and not self.observers and self.impl is None:
+        if not (self.transforms or self.result_transforms or self.observers) and self.impl is None:
             self._set(self.original)
             _TAPS.pop((id(self.namespace), self.name), None)
 
@@ -101,6 +106,10 @@ class FunctionTap:
     def add_transform(self, transform: Transform) -> Handle:
         """Rewrite ``(args, kwargs)`` before the call; returns a handle that removes it."""
         return self._register(self.transforms, transform)
+
+    def add_result_transform(self, transform: ResultTransform) -> Handle:
+        """Replace the result by ``transform(args, kwargs, result)`` before observers see it."""
+        return self._register(self.result_transforms, transform)
 
     def add_observer(self, observer: Observer) -> Handle:
         """Call ``observer(args, kwargs, result)`` after each call; returns a handle."""

@@ -1,0 +1,229 @@
+"""The ``ulptrace`` command line: thin wrappers over the library.
+
+``ulptrace models | paths | record | compare | onset | semantics``. Long work reports progress on
+stderr; results go to stdout as a table, and to files with ``--json FILE`` / ``--markdown FILE``.
+Bad input (unknown model, path, site, a broken trace) exits with status 2 and one line saying what
+was expected and what was found, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> None:
+    """Options shared by every command that runs a model (also used by ``trace_norm_rounding``)."""
+    from ulptrace.models import DEFAULT_MODEL
+
+    g = parser.add_argument_group("run")
+    g.add_argument("--model", default=DEFAULT_MODEL, help="embedded model name or local HF checkpoint dir "
+                   f"(default {DEFAULT_MODEL}; `ulptrace models` lists them)")
+    g.add_argument("--prompts", type=int, default=2, help="number of seeded random prompts (batch rows)")
+    g.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
+    g.add_argument("--new-tokens", type=int, default=4, help="greedy steps: prefill + new_tokens-1 decodes")
+    g.add_argument("--seed", type=int, default=0, help="seed for weights and prompts")
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--dtype", default="bfloat16")
+    s = parser.add_argument_group("selection")
+    s.add_argument("--sites", nargs="*", default=None, metavar="GLOB", help="site name globs, e.g. 'layers.*.mlp.glu'")
+    s.add_argument("--kinds", nargs="*", default=None, help="site kinds (norm, glu, gates, attention, ...)")
+    s.add_argument("--layers", default=None, help="layer range, e.g. 2:5")
+    s.add_argument("--steps", default=None, help="step range, e.g. 0:3 (0 = prefill)")
+
+
+def add_report_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("report")
+    g.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
+    g.add_argument("--markdown", metavar="FILE", help="write a markdown report to FILE")
+    g.add_argument("--all", action="store_true", help="show bitwise-equal rows too")
+    g.add_argument("--max-ulp", type=int, default=0, help="budget for sites without oracle semantics")
+    g.add_argument("--no-oracle", action="store_true", help="skip verdicts (ULP statistics only)")
+
+
+def _config(args: argparse.Namespace, **overrides: Any) -> Any:
+    from ulptrace.probes.onset import RunConfig
+
+    fields = dict(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                  seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites, kinds=args.kinds,
+                  layers=args.layers, steps=args.steps)
+    fields.update(overrides)
+    return RunConfig(**fields)
+
+
+def _progress(msg: str) -> None:
+    print(f"[ulptrace] {msg}", file=sys.stderr, flush=True)
+
+
+def emit(data: dict[str, Any], args: argparse.Namespace, table: str) -> None:
+    """Print ``table`` (unless JSON goes to stdout) and write the requested report files."""
+    from ulptrace.report import to_json, to_markdown
+
+    if args.json == "-":
+        print(to_json(data))
+    else:
+        print(table)
+        if args.json:
+            Path(args.json).write_text(to_json(data))
+            _progress(f"JSON report written to {args.json}")
+    if args.markdown:
+        Path(args.markdown).write_text(to_markdown(data, all_rows=args.all))
+        _progress(f"markdown report written to {args.markdown}")
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from ulptrace.models import format_count, list_models
+
+    for m in list_models():
+        print(f"{m['name']:<14} {m['family']:<8} {format_count(m['parameters']):>7} params  {m['description']}")
+    return 0
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from ulptrace.paths import list_paths
+
+    for name, description in list_paths().items():
+        print(f"{name:<18} {description}")
+    print(f"{'hf:attn=<impl>':<18} HF with another attention implementation")
+    print(f"{'pkg.module:fn':<18} your own function fn(model) that patches the model in place")
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    import torch
+
+    from ulptrace.models import build_model
+    from ulptrace.paths import apply_path
+    from ulptrace.probes.onset import _dtype, _selected_sites, greedy, make_prompts
+    from ulptrace.record import Recorder
+    from ulptrace.sites import parse_range
+    from ulptrace.trace import TraceWriter
+
+    cfg = _config(args)
+    model = build_model(cfg.model, dtype=_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
+    with apply_path(model, args.path) as applied:
+        writer = TraceWriter(args.out)
+        meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "path_info": applied.info}
+        try:
+            with Recorder(model, sites=_selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
+                          path=args.path, metadata=meta) as rec, torch.no_grad():
+                tokens = greedy(model, prompts, cfg.new_tokens)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close({**rec.metadata, "tokens": tokens.tolist()})
+    _progress(f"trace written to {args.out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ulptrace.compare import compare
+    from ulptrace.report import to_table
+    from ulptrace.trace import LazyTrace
+
+    reference, candidate = LazyTrace(args.reference), LazyTrace(args.candidate)
+    judge = None
+    if not args.no_oracle:
+        from ulptrace.verdicts import judge_for_trace
+
+        judge = judge_for_trace(reference.metadata, progress=_progress)
+    data = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp).to_json()
+    emit(data, args, to_table(data, all_rows=args.all))
+    return 0
+
+
+def cmd_onset(args: argparse.Namespace) -> int:
+    from ulptrace.probes.onset import run_onset
+    from ulptrace.report import to_table
+
+    cfg = _config(args, reference=args.reference, candidate=args.candidate, oracle=not args.no_oracle,
+                  check_observation=args.check_observation, max_ulp=args.max_ulp)
+    comparison, info = run_onset(cfg, progress=_progress)
+    data = comparison.to_json()
+    data["run"] = info
+    flip = info["first_token_flip"]
+    table = to_table(data, all_rows=args.all)
+    table += "\ngreedy tokens: " + ("identical at every step" if flip is None else
+                                    f"candidate's own choice first differs at step {flip['step']} (row {flip['row']})")
+    emit(data, args, table)
+    return 1 if args.fail_on_onset and data["onset"] else 0
+
+
+def cmd_semantics(args: argparse.Namespace) -> int:
+    from ulptrace.verdicts import site_semantics
+
+    print(site_semantics(args.model, args.site, path=args.path, seed=args.seed))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ulptrace", description="Trace where a kernel-injected HF model diverges "
+                                     "from HF, in ULPs, judged against an FP64 oracle.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list the embedded models").set_defaults(fn=cmd_models)
+    sub.add_parser("paths", help="list the registered paths").set_defaults(fn=cmd_paths)
+
+    p = sub.add_parser("record", help="record one path's trace to a directory")
+    add_run_options(p)
+    p.add_argument("--path", default="hf", help="path to record (default hf)")
+    p.add_argument("--out", required=True, help="trace directory to create")
+    p.set_defaults(fn=cmd_record)
+
+    p = sub.add_parser("compare", help="compare two recorded traces")
+    p.add_argument("reference")
+    p.add_argument("candidate")
+    add_report_options(p)
+    p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("onset", help="record both paths (streaming) and report where divergence begins")
+    add_run_options(p)
+    p.add_argument("--reference", default="hf")
+    p.add_argument("--candidate", default="hf")
+    p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
+    p.add_argument("--fail-on-onset", action="store_true", help="exit 1 when an onset is found")
+    add_report_options(p)
+    p.set_defaults(fn=cmd_onset)
+
+    p = sub.add_parser("semantics", help="print where the reference rounds at a site (the oracle's op list)")
+    p.add_argument("--model", default="tiny-qwen3.5")
+    p.add_argument("--site", required=True, help="a site name, e.g. layers.0.linear_attn.norm")
+    p.add_argument("--path", default="hf")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_semantics)
+    return parser
+
+
+def run_cli(fn: Any, args: argparse.Namespace) -> int:
+    """Run a command; user errors become one line on stderr and exit status 2."""
+    from ulptrace.trace import TraceError
+
+    try:
+        return int(fn(args) or 0)
+    except (KeyError, ValueError, FileExistsError, FileNotFoundError, TraceError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        print(f"ulptrace: error: {message}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _quiet_transformers()
+    return run_cli(args.fn, args)
+
+
+def _quiet_transformers() -> None:
+    """Keep HF's one-time fallback notices (no fla/causal-conv1d) out of reports; they go to the log."""
+    try:
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
