@@ -13,6 +13,11 @@ vectorised adds over the leading ("row") dimensions performs exactly the additio
 for every row at once. Python loops run only over the structure of the order (elements, levels,
 steps), never over rows. Flushing subnormals (``torch.set_flush_denormal(True)``) breaks this.
 
+The trees add the float32 values they are given. A kernel that forms ``acc += x * x`` lets nvcc
+contract it into ``fmaf(x, x, acc)`` (``--fmad=true`` is the default), which skips the rounding of the
+square; ``reduce_fp32(x * x, tree)`` reproduces such a kernel only if it rounds the product first
+(``__fmul_rn``) or is built with ``--fmad=false``.
+
 Accumulators start at ``+0.0`` as in ``float acc = 0.f``. Because ``+0 + y == y`` for every ``y`` except ``-0``, and an accumulator started at ``+0``
 never becomes ``-0``, padding a partial block with zeros is exactly the same as skipping the missing
 elements; the emulation relies on that. The only visible effect of the zero start: a row of ``-0.0``
@@ -37,7 +42,8 @@ The orders (``str(tree)`` spec in brackets):
   (``wserial``, CUB's ``BlockReduce`` warp-reductions algorithm).
   ``__shfl_down_sync`` with the same offsets gives lane 0 the same value as the xor butterfly (lane
   ``l < offset`` reads lane ``l + offset == l ^ offset`` at every step, and only lanes below the offset
-  feed lane 0), so down-shuffle kernels are described by the same trees.
+  feed lane 0), so down-shuffle kernels are described by the same trees. A GPU test checks all four
+  variants, with xor and down shuffles, against a real CUDA block reduction bit for bit (H200).
 - ``numpy`` [``numpy``]: ``np.add.reduce`` / ``np.sum`` along a contiguous float32 row (checked
   against numpy 2.4): ``+0.0`` (the identity) plus numpy's pairwise sum of the whole row: fewer than 8
   elements left to right from ``-0.0``; up to 128 with 8 interleaved accumulators combined as
@@ -46,8 +52,8 @@ The orders (``str(tree)`` spec in brackets):
 - ``torch_cpu`` [``torch_cpu:w16``]: ``torch.sum(x, -1)`` on CPU for a contiguous float32 last dim
   with ``width``-lane vectors: ATen's cascade sum (rows shorter than ``width`` use scalar loads;
   otherwise 4 interleaved vector accumulators with cascade levels of 16 or more steps, the scalar tail
-  summed first, then the vector lanes added to it in order). torch 2.13 on x86 uses width 8 with
-  every ``ATEN_CPU_CAPABILITY`` (AVX512, AVX2, DEFAULT) we measured; :func:`torch_cpu_tree` finds the
+  summed first, then the vector lanes added to it in order). Width 8 is what we measured on x86 with
+  torch 2.13 (AVX512, AVX2 and DEFAULT capability) and torch 2.11 (AVX512); :func:`torch_cpu_tree` finds the
   width on the running machine by testing against ``torch.sum``. The tree is one thread's inner loop:
   torch runs it for every row, except that a tensor whose reduction has a single output and more than
   32768 elements is split across threads (not reproduced). ``torch.mean`` on CPU is ``torch.sum``

@@ -420,3 +420,71 @@ def test_cuda_tensors_give_the_cpu_bits():
         "torch_cpu:w8",
     ):
         assert bits(reduce_fp32(x.cuda(), spec).cpu().numpy()) == bits(reduce_fp32(x, spec).numpy()), spec
+
+
+# A test-only CUDA block reduction written from the blocked tree's definition, so the emulation is
+# checked against real warp shuffles (xor and down) rather than against another simulation.
+_BLOCK_SUM_CUDA = r"""
+__global__ void block_sum_kernel(const float* x, float* out, int n, int vec, int asc, int serial, int down) {
+  const float* row = x + (long)blockIdx.x * n;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, nwarps = blockDim.x >> 5;
+  float acc = 0.f;
+  for (int first = t * vec; first < n; first += blockDim.x * vec)
+    for (int v = 0; v < vec; ++v)
+      if (first + v < n) acc += row[first + v];
+  for (int k = 0; k < 5; ++k) {
+    const int o = asc ? (1 << k) : (16 >> k);
+    acc += down ? __shfl_down_sync(0xffffffffu, acc, o) : __shfl_xor_sync(0xffffffffu, acc, o);
+  }
+  __shared__ float totals[32];
+  if (lane == 0) totals[warp] = acc;
+  __syncthreads();
+  if (warp != 0) return;
+  if (serial) {
+    if (lane == 0) {
+      float s = totals[0];
+      for (int w = 1; w < nwarps; ++w) s += totals[w];
+      out[blockIdx.x] = s;
+    }
+    return;
+  }
+  float s = lane < nwarps ? totals[lane] : 0.f;
+  for (int k = 0; k < 5; ++k) {
+    const int o = asc ? (1 << k) : (16 >> k);
+    s += down ? __shfl_down_sync(0xffffffffu, s, o) : __shfl_xor_sync(0xffffffffu, s, o);
+  }
+  if (lane == 0) out[blockIdx.x] = s;
+}
+
+torch::Tensor block_sum(torch::Tensor x, int64_t threads, int64_t vec, bool asc, bool serial, bool down) {
+  auto out = torch::full({x.size(0)}, NAN, x.options());
+  block_sum_kernel<<<x.size(0), threads>>>(x.data_ptr<float>(), out.data_ptr<float>(), x.size(1), vec,
+                                           asc, serial, down);
+  return out;
+}
+"""
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_blocked_tree_reproduces_a_real_cuda_block_reduction(tmp_path):
+    from torch.utils.cpp_extension import load_inline
+
+    ext = load_inline(
+        name="ulptrace_test_block_sum",
+        cpp_sources="torch::Tensor block_sum(torch::Tensor x, int64_t threads, int64_t vec, bool asc, "
+        "bool serial, bool down);",
+        cuda_sources=_BLOCK_SUM_CUDA,
+        functions=["block_sum"],
+        build_directory=str(tmp_path),
+    )
+    for threads, vector, n in [*BLOCKED_CASES, (1024, 4, 4096), (256, 4, 1024)]:
+        x = torch.from_numpy(heavy_rows(64, n, seed=n + threads))
+        for offsets in ("desc", "asc"):
+            for warps in ("butterfly", "serial"):
+                tree = Tree.blocked(threads, vector, offsets=offsets, warps=warps)
+                expected = bits(reduce_fp32(x, tree).numpy())
+                for down in (False, True):
+                    got = ext.block_sum(x.cuda(), threads, vector, offsets == "asc", warps == "serial", down)
+                    assert bits(got.cpu().numpy()) == expected, (tree, down)
