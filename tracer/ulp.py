@@ -28,8 +28,8 @@ import torch
 
 __all__ = [
     "FORMATS",
-    "FloatFormat",
     "HISTOGRAM_BUCKETS",
+    "FloatFormat",
     "UlpDistance",
     "format_histogram",
     "format_of",
@@ -365,8 +365,10 @@ def round_to(x: torch.Tensor, dtype: torch.dtype, *, saturate: bool = False) -> 
     fmt = format_of(dtype)
     _require_tensor(x, "x")
     if x.dtype != torch.float64 and x.dtype not in FORMATS:
-        raise TypeError(f"round_to rounds float64, float32 or {', '.join(f.name for f in FORMATS.values())} "
-                        f"tensors, but got {x.dtype}")
+        raise TypeError(
+            f"round_to rounds float64 or {', '.join(f.name for f in FORMATS.values())} tensors, "
+            f"but got {x.dtype}"
+        )
     bits = x.to(torch.float64).view(torch.int64)
     negative = bits < 0
     magnitude = bits & ((1 << 63) - 1)
@@ -398,7 +400,7 @@ def round_to(x: torch.Tensor, dtype: torch.dtype, *, saturate: bool = False) -> 
     return _from_unsigned_bits(out, fmt)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_saturates(dtype: torch.dtype) -> bool:
     """Whether the installed torch's float32 -> ``dtype`` cast clamps overflow to max finite.
 
@@ -452,7 +454,9 @@ def ulp_histogram(distance: torch.Tensor | UlpDistance, nan: torch.Tensor | None
         if nan.dtype != torch.bool:
             raise TypeError(f"nan must be a bool tensor, but got {nan.dtype}")
         if nan.shape != distance.shape:
-            raise ValueError(f"nan must have distance's shape {tuple(distance.shape)}, but got {tuple(nan.shape)}")
+            raise ValueError(
+                f"nan must have distance's shape {tuple(distance.shape)}, but got {tuple(nan.shape)}"
+            )
         nonfinite = nan | (distance < 0)
     finite = distance[~nonfinite]
     bounds = torch.tensor(_BUCKET_BOUNDS, dtype=torch.int64, device=finite.device)

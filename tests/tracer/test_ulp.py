@@ -18,7 +18,6 @@ import torch
 from conftest import requires_cuda
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ulptrace.ulp import (
     FORMATS,
     HISTOGRAM_BUCKETS,
@@ -62,13 +61,13 @@ def ids(dtype: torch.dtype) -> str:
 
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     """Decode a torch tensor through its bits with numpy/ml_dtypes (no torch float conversion)."""
-    np_dtype, unsigned, signed = NUMPY[x.dtype]
+    np_dtype, _unsigned, signed = NUMPY[x.dtype]
     return x.contiguous().view(TORCH_INT[signed]).numpy().view(np_dtype)
 
 
 def from_numpy(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """Encode a numpy/ml_dtypes array (already of ``dtype``'s numpy type) as a torch tensor, by bits."""
-    np_dtype, unsigned, signed = NUMPY[dtype]
+    np_dtype, _unsigned, signed = NUMPY[dtype]
     return torch.from_numpy(np.ascontiguousarray(a.astype(np_dtype)).view(signed)).view(dtype)
 
 
@@ -130,6 +129,7 @@ def test_format_constants_match_hex_floats_and_finfo(dtype: torch.dtype) -> None
 @pytest.mark.parametrize("dtype", SMALL, ids=ids)
 def test_format_bit_constants_decode_to_what_they_name(dtype: torch.dtype) -> None:
     fmt = FORMATS[dtype]
+
     def decode(bits: int) -> float:
         return float(to_numpy(from_bits([bits], dtype))[0])
 
@@ -152,6 +152,7 @@ def test_unsupported_dtype_is_a_type_error_naming_it() -> None:
 
 
 # --- single-argument properties over every bit pattern ----------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", SMALL, ids=ids)
 def test_next_up_next_down_match_the_sorted_table_exhaustively(dtype: torch.dtype) -> None:
@@ -185,7 +186,9 @@ def test_next_up_next_down_match_numpy_nextafter_including_zero_signs(dtype: tor
         nan = np.isnan(expect.astype(np.float64))
         assert np.array_equal(nan, np.isnan(to_numpy(ours).astype(np.float64)))
         # bitwise, so -0 (nextafter(-min_subnormal, +inf)) is checked too
-        np.testing.assert_array_equal(bits_of(ours)[~nan], expect.view(NUMPY[dtype][1]).astype(np.int64)[~nan])
+        np.testing.assert_array_equal(
+            bits_of(ours)[~nan], expect.view(NUMPY[dtype][1]).astype(np.int64)[~nan]
+        )
 
 
 @pytest.mark.parametrize("dtype", SMALL, ids=ids)
@@ -199,7 +202,9 @@ def test_spacing_is_the_nextafter_gap_away_from_zero_in_every_binade(dtype: torc
     tbl = table(dtype)
     finite = np.isfinite(v) & (np.abs(v) < fmt.max_finite)
     # gap to the next table entry away from zero (zeros: toward +inf), computed from the table alone
-    away = np.where(np.signbit(v), np.searchsorted(tbl, v, side="left") - 1, np.searchsorted(tbl, v, side="right"))
+    away = np.where(
+        np.signbit(v), np.searchsorted(tbl, v, side="left") - 1, np.searchsorted(tbl, v, side="right")
+    )
     gap = np.abs(tbl[np.clip(away, 0, len(tbl) - 1)] - v)
     np.testing.assert_array_equal(s[finite], gap[finite])
     # at +-max finite: the binade's spacing, equal to the gap below max
@@ -276,11 +281,12 @@ def test_round_to_round_trips_every_pattern(dtype: torch.dtype) -> None:
 
 # --- special values and errors ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ALL, ids=ids)
 def test_edges_by_hex_float(dtype: torch.dtype) -> None:
     fmt = FORMATS[dtype]
     max_finite, min_sub, _ = (float.fromhex(h) for h in HEX_CONSTANTS[dtype])
-    t = lambda *vals: torch.tensor(vals, dtype=torch.float64).to(dtype)  # noqa: E731  exact values
+    t = lambda *vals: torch.tensor(vals, dtype=torch.float64).to(dtype)
     assert ulp_distance(t(0.0), t(-0.0)).distance.item() == 0
     assert ulp_distance(t(-min_sub), t(min_sub)).distance.item() == 2
     assert ulp_distance(t(0.0), t(min_sub)).distance.item() == 1
@@ -312,7 +318,12 @@ def test_every_nan_pattern_is_flagged(dtype: torch.dtype) -> None:
         np.testing.assert_array_equal(d.nan.numpy(), nan)
         assert (d.distance.numpy()[nan] == -1).all() and (d.distance.numpy()[~nan] >= 0).all()
     assert np.isnan(spacing(x).numpy()[nan]).all()
-    expected_nans = {torch.bfloat16: 2 * 127, torch.float16: 2 * 1023, torch.float8_e4m3fn: 2, torch.float8_e5m2: 6}
+    expected_nans = {
+        torch.bfloat16: 2 * 127,
+        torch.float16: 2 * 1023,
+        torch.float8_e4m3fn: 2,
+        torch.float8_e5m2: 6,
+    }
     assert int(nan.sum()) == expected_nans[dtype]
 
 
@@ -360,7 +371,11 @@ def test_float32_distance_equals_nextafter_steps(start: float, steps: int, upwar
 
 
 @settings(max_examples=200, deadline=None)
-@given(a=st.integers(0, 2**16 - 1), b=st.integers(0, 2**16 - 1), dtype=st.sampled_from([torch.bfloat16, torch.float16]))
+@given(
+    a=st.integers(0, 2**16 - 1),
+    b=st.integers(0, 2**16 - 1),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+)
 def test_pairs_distance_counts_representable_values_between(a: int, b: int, dtype: torch.dtype) -> None:
     x = torch.tensor([a, b], dtype=torch.int64).to(torch.int16).view(dtype)
     va, vb = to_numpy(x).astype(np.float64)
@@ -378,6 +393,7 @@ TABLES = {dtype: table(dtype) for dtype in (torch.bfloat16, torch.float16)}
 
 
 # --- round_to -------------------------------------------------------------------------------------
+
 
 def exact_round(value: float, dtype: torch.dtype, saturate: bool = False) -> float:
     """Round a float64 to ``dtype`` with Fraction arithmetic: nearest representable, ties to even.
@@ -428,7 +444,7 @@ def test_round_to_at_every_midpoint_and_its_float64_neighbours(dtype: torch.dtyp
     order = np.argsort(lo)
     lo, lo_bits = lo[order], lo_bits[order]
     beyond = fmt.max_finite + (fmt.max_finite - lo[-2])  # the value the next pattern would have
-    hi, hi_bits = np.append(lo[1:], beyond), np.append(lo_bits[1:], lo_bits[-1] + 1)
+    hi, _hi_bits = np.append(lo[1:], beyond), np.append(lo_bits[1:], lo_bits[-1] + 1)
     mid = (lo + hi) / 2  # exact in float64
     overflow = math.inf if fmt.has_inf else math.nan
     hi_value = np.where(hi == beyond, overflow, hi)
@@ -455,7 +471,9 @@ def test_round_to_float32_midpoints_and_neighbours() -> None:
             got = round_to(torch.from_numpy(sign * probe), torch.float32).double().numpy()
             np.testing.assert_array_equal(got, sign * expect)
     values = rng.standard_normal(2000) * np.exp2(rng.integers(-160, 140, 2000))
-    np.testing.assert_array_equal(round_to(torch.from_numpy(values), torch.float32).numpy(), values.astype(np.float32))
+    np.testing.assert_array_equal(
+        round_to(torch.from_numpy(values), torch.float32).numpy(), values.astype(np.float32)
+    )
 
 
 @pytest.mark.parametrize(
@@ -553,9 +571,19 @@ def test_round_to_keeps_shape_and_zero_signs() -> None:
 
 # --- histograms -----------------------------------------------------------------------------------
 
+
 def test_histogram_buckets_hand_counted() -> None:
     d = torch.tensor([0, 0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 1000, -1])
-    assert ulp_histogram(d) == {"0": 2, "1": 1, "2": 1, "3-4": 2, "5-8": 2, "9-16": 2, ">16": 2, "nonfinite": 1}
+    assert ulp_histogram(d) == {
+        "0": 2,
+        "1": 1,
+        "2": 1,
+        "3-4": 2,
+        "5-8": 2,
+        "9-16": 2,
+        ">16": 2,
+        "nonfinite": 1,
+    }
     mask = torch.zeros(13, dtype=torch.bool)
     mask[0] = True
     h = ulp_histogram(d, mask)
@@ -599,7 +627,9 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     assert torch.equal(cpu.distance, gpu.distance.cpu()) and torch.equal(cpu.nan, gpu.nan.cpu())
     for fn in (next_up, next_down):
         assert same(fn(x), fn(xc).cpu())
-    assert torch.equal(spacing(x), spacing(xc).cpu()) or torch.allclose(spacing(x), spacing(xc).cpu(), equal_nan=True)
+    assert torch.equal(spacing(x), spacing(xc).cpu()) or torch.allclose(
+        spacing(x), spacing(xc).cpu(), equal_nan=True
+    )
     values = torch.randn(10000, dtype=torch.float64) * torch.exp2(torch.randint(-40, 40, (10000,)).double())
     assert same(round_to(values, dtype), round_to(values.cuda(), dtype).cpu())
     assert ulp_histogram(gpu) == ulp_histogram(cpu)
