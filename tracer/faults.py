@@ -58,6 +58,12 @@ class Fault:
             handle.remove()
         self._handles = []
 
+    def __enter__(self) -> Fault:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
 
 def inject_fault(model: Any, site: str, step: int, index: tuple[int, ...] | int = 0, ulps: int = 1) -> Fault:
     """Perturb ``site``'s output at ``step`` (0 = prefill) at ``index`` by ``ulps`` ULPs.

@@ -187,7 +187,9 @@ def build_model(
                 config, dtype=torch.float32, attn_implementation=attn_implementation
             )
         realistic_init_(model, seed)
-        model = model.to(dtype=dtype)
+        # Parameters only: buffers such as RoPE's inv_freq stay FP32, as when HF loads a checkpoint.
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
         model.ulptrace_model_name = spec.name  # type: ignore[attr-defined]
     elif os.path.isdir(name_or_path):
         model = transformers.AutoModelForCausalLM.from_pretrained(

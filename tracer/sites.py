@@ -250,11 +250,16 @@ def table_for(model: Any) -> Table | None:
 
 
 def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
-    """The decoder layer list (the first ``ModuleList`` named ``layers``)."""
-    for name, module in model.named_modules():
-        if name.split(".")[-1] == "layers" and isinstance(module, torch.nn.ModuleList):
+    """The decoder layer list: the first ``ModuleList`` named ``layers``, else the longest
+    ``ModuleList`` of non-leaf blocks (``transformer.h``, ``blocks``)."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    for name, module in lists:
+        if name.split(".")[-1] == "layers":
             return module
-    raise ValueError(f"{type(model).__name__} has no ModuleList named 'layers'; ulptrace cannot find its decoder")
+    blocks = [m for _, m in lists if all(next(iter(b.children()), None) is not None for b in m)]
+    if blocks:
+        return max(blocks, key=len)
+    raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers; ulptrace cannot find its decoder")
 
 
 def _path_of(model: Any, module: torch.nn.Module) -> str:

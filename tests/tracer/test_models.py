@@ -1,0 +1,73 @@
+"""Embedded models: no download, seeded, realistic parameters, non-degenerate greedy decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ulptrace.models import MODELS, build_model, list_models
+from ulptrace.probes.onset import greedy, make_prompts
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
+def test_greedy_decoding_is_not_degenerate(name: str) -> None:
+    model = build_model(name)
+    prompts = make_prompts(model.config.vocab_size, 4, 12, seed=0)
+    tokens = greedy(model, prompts, 16)
+    assert tokens.shape == (4, 16)
+    for row in tokens.tolist():
+        assert len(set(row)) >= 8, f"{name}: degenerate greedy row {row}"
+
+
+def test_same_seed_same_weights_other_seed_differs() -> None:
+    a, b, c = build_model("tiny-qwen3.5", seed=3), build_model("tiny-qwen3.5", seed=3), build_model("tiny-qwen3.5", seed=4)
+    pa, pb, pc = dict(a.named_parameters()), dict(b.named_parameters()), dict(c.named_parameters())
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert not all(torch.equal(pa[k], pc[k]) for k in pa)
+
+
+def test_parameters_have_realistic_spread() -> None:
+    model = build_model("tiny-qwen3.5")
+    assert model.dtype == torch.bfloat16
+    assert model.config.tie_word_embeddings is False
+    layer = model.model.layers[0]
+    # zero-centred norm: (1 + w) with w spread around 0, never the all-zero init that hides (1 + w) defects
+    w = layer.input_layernorm.weight.float()
+    assert 0.05 < w.std() < 0.5 and abs(w.mean()) < 0.1
+    # the gated norm scales by w directly: spread around 1
+    g = layer.linear_attn.norm.weight.float()
+    assert 0.05 < g.std() < 0.5 and abs(g.mean() - 1) < 0.1
+    gdn = layer.linear_attn
+    assert gdn.dt_bias.float().std() > 0.3
+    a = gdn.A_log.float().exp()
+    assert (a > 0.01).all() and (a < 16.01).all() and a.std() > 0.5
+    llama = build_model("tiny-llama")
+    lw = llama.model.layers[0].input_layernorm.weight.float()
+    assert 0.05 < lw.std() < 0.5 and abs(lw.mean() - 1) < 0.1
+
+
+def test_real_shape_config_matches_shared_json() -> None:
+    import json
+    from pathlib import Path
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "models" / "qwen3.5-0.8b.json"
+    if not shared.exists():
+        pytest.skip("shared/models not beside this checkout")
+    expected = {k: v for k, v in json.loads(shared.read_text()).items() if not k.startswith("_") and k != "model_type"}
+    assert MODELS["qwen3.5-0.8b"].config == expected
+
+
+def test_list_models_and_unknown_name() -> None:
+    listed = {m["name"]: m for m in list_models()}
+    assert set(listed) == {"tiny-qwen3.5", "tiny-llama", "qwen3.5-0.8b"}
+    assert 700e6 < listed["qwen3.5-0.8b"]["parameters"] < 900e6
+    with pytest.raises(KeyError, match="unknown model 'nope'.*tiny-qwen3.5.*tiny-llama"):
+        build_model("nope")
+
+
+def test_local_checkpoint_directory_loads(tmp_path) -> None:
+    model = build_model("tiny-llama")
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = build_model(str(tmp_path / "ckpt"))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(model(ids).logits, loaded(ids).logits)

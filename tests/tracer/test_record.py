@@ -1,0 +1,135 @@
+"""Recording: hooks installed and always removed, steps, numbering, selection, observation check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ulptrace.models import build_model
+from ulptrace.probes.onset import greedy, make_prompts
+from ulptrace.record import Recorder
+from ulptrace.sites import select, site_table
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return build_model("tiny-qwen3.5")
+
+
+@pytest.fixture(scope="module")
+def prompts(qwen):
+    return make_prompts(qwen.config.vocab_size, 2, 6, seed=0)
+
+
+def _hook_count(model) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def test_generate_records_prefill_and_each_decode_step(qwen, prompts) -> None:
+    with Recorder(qwen) as rec:
+        qwen.generate(prompts, max_new_tokens=3, do_sample=False, eos_token_id=None, pad_token_id=0)
+    trace = rec.trace
+    assert trace.steps == [0, 1, 2]
+    names = {s.name for s in site_table(qwen)}
+    for step in trace.steps:
+        assert {site for site, t in trace.keys() if t == step} == names
+    # prefill sees the whole prompt, decode steps one token; batch rows are kept
+    assert trace["layers.0.input_layernorm", 0].out.shape == (2, 6, 128)
+    assert trace["layers.0.input_layernorm", 2].out.shape == (2, 1, 128)
+    # kinds and oracle inputs are recorded where the table says
+    g = trace["layers.0.linear_attn.gates.g", 1]
+    assert g.kind == "gates" and g.out.dtype == torch.float32 and set(g.inputs) == {"a"}
+    glu = trace["layers.1.mlp.glu", 0]
+    assert set(glu.inputs) == {"gate", "up"}
+    # the GLU really is act(gate) * up of the recorded inputs (recorded from three different hooks)
+    expected = torch.nn.functional.silu(glu.inputs["gate"]) * glu.inputs["up"]
+    assert torch.equal(glu.out, expected)
+    post = trace["layers.1.post_attention_layernorm", 0]
+    assert torch.equal(trace["layers.1.residual_attn", 0].out, post.inputs["residual"] + post.inputs["delta"])
+
+
+def test_hooks_and_taps_are_removed_also_on_exception(qwen, prompts) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+    before_hooks = _hook_count(qwen)
+    before = (mq.torch_chunk_gated_delta_rule, ALL_ATTENTION_FUNCTIONS["sdpa"])
+    with pytest.raises(RuntimeError, match="boom"):
+        with Recorder(qwen):
+            qwen(prompts)
+            raise RuntimeError("boom")
+    assert _hook_count(qwen) == before_hooks
+    assert (mq.torch_chunk_gated_delta_rule, ALL_ATTENTION_FUNCTIONS["sdpa"]) == before
+
+
+def test_nested_recorders_see_the_same_records(qwen, prompts) -> None:
+    with Recorder(qwen) as outer:
+        with Recorder(qwen) as inner:
+            qwen(prompts)
+        qwen(prompts)
+    assert len(inner.trace) == len(outer.trace) // 2
+    for rec in inner.trace:
+        assert torch.equal(rec.out, outer.trace[rec.key].out)
+    with pytest.raises(RuntimeError, match="already active"):
+        with outer:
+            with outer:
+                pass
+
+
+def test_module_called_twice_is_numbered(qwen, prompts) -> None:
+    norm = qwen.model.norm
+    original = norm.forward
+    norm.forward = lambda x: original(original(x))  # a model that runs its final norm twice
+    try:
+        with Recorder(qwen, sites=select(site_table(qwen), ["norm"])) as rec:
+            qwen(prompts)
+    finally:
+        del norm.forward
+    assert [r.site for r in rec.trace] == ["norm"]  # the inner call is the module call; forward is patched
+    # a real second module call:
+    with Recorder(qwen, sites=select(site_table(qwen), ["layers.0.input_layernorm"])) as rec:
+        x = torch.randn(1, 2, 128, dtype=torch.bfloat16)
+        qwen(prompts[:, :2])
+        qwen.model.layers[0].input_layernorm(x)  # outside a model forward: same step, second call
+    assert [r.site for r in rec.trace] == ["layers.0.input_layernorm", "layers.0.input_layernorm#1"]
+
+
+def test_selection_by_glob_kind_layer_and_step(qwen, prompts) -> None:
+    sites = site_table(qwen)
+    assert {s.kind for s in select(sites, kinds=["norm"])} == {"norm"}
+    assert all(s.layer in (1, 2) for s in select(sites, layers=range(1, 3)))
+    glus = select(sites, ["layers.*.mlp.glu"])
+    assert [s.name for s in glus] == [f"layers.{i}.mlp.glu" for i in range(4)]
+    with pytest.raises(ValueError, match="unknown site kind"):
+        select(sites, kinds=["nrom"])
+    with Recorder(qwen, sites=glus, steps=[1]) as rec:
+        greedy(qwen, prompts, 3)
+    assert {r.step for r in rec.trace} == {1} and len(rec.trace) == 4
+
+
+def test_observation_does_not_change_numerics(qwen, prompts) -> None:
+    plain = greedy(qwen, prompts, 3)
+    logits_plain = qwen(prompts).logits
+    with Recorder(qwen):
+        traced = greedy(qwen, prompts, 3)
+        logits_traced = qwen(prompts).logits
+    assert torch.equal(plain, traced)
+    assert torch.equal(logits_plain.view(torch.int16), logits_traced.view(torch.int16))
+
+
+def test_llama_family_table_and_fallback_warning() -> None:
+    llama = build_model("tiny-llama")
+    names = [s.name for s in site_table(llama)]
+    assert "layers.0.self_attn.core" in names and "layers.0.mlp.glu" in names
+    assert not any("linear_attn" in n or "q_norm" in n for n in names)
+    import transformers
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.warns(UserWarning, match="no site table for GPT2LMHeadModel"):
+        fallback = site_table(gpt2)
+    assert fallback and all(s.kind == "other" and s.formula is None for s in fallback)
+    with Recorder(gpt2, sites=fallback) as rec:
+        gpt2(torch.tensor([[1, 2, 3]]))
+    recorded = {r.site: r for r in rec.trace}
+    assert {"transformer.h.0", "transformer.h.1", "lm_head"} <= set(recorded) <= {s.name for s in fallback}
+    assert recorded["transformer.h.1"].layer == 1 and recorded["transformer.h.0.mlp.c_fc"].layer == 0

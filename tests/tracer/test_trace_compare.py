@@ -1,0 +1,147 @@
+"""Trace files, comparison and onset on tiny-qwen3.5 (CPU, BF16)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from ulptrace.compare import StreamingComparator, compare
+from ulptrace.faults import inject_fault
+from ulptrace.models import build_model
+from ulptrace.probes.onset import RunConfig, greedy, make_prompts, run_onset
+from ulptrace.record import Recorder
+from ulptrace.trace import LazyTrace, TraceError, load_trace
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return build_model("tiny-qwen3.5")
+
+
+@pytest.fixture(scope="module")
+def prompts(qwen):
+    return make_prompts(qwen.config.vocab_size, 2, 6, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(qwen, prompts):
+    with Recorder(qwen) as rec:
+        greedy(qwen, prompts, 3)
+    return rec.trace
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def test_trace_round_trips_bitwise(reference, tmp_path) -> None:
+    reference.save(tmp_path / "t")
+    loaded = load_trace(tmp_path / "t")
+    assert loaded.keys() == reference.keys()
+    assert loaded.metadata["model"] == "tiny-qwen3.5" and loaded.metadata["path"] == "hf"
+    assert "torch" in loaded.metadata["versions"]
+    for rec in reference:
+        other = loaded[rec.key]
+        assert (other.kind, other.layer) == (rec.kind, rec.layer)
+        assert other.out.dtype == rec.out.dtype and torch.equal(_bits(other.out), _bits(rec.out))
+        assert set(other.inputs) == set(rec.inputs)
+        for role, t in rec.inputs.items():
+            assert torch.equal(_bits(other.inputs[role]), _bits(t))
+    with pytest.raises(FileExistsError, match="already exists"):
+        reference.save(tmp_path / "t")
+
+
+def test_bad_trace_directories_fail_clearly(reference, tmp_path) -> None:
+    path = reference.save(tmp_path / "good")
+    with pytest.raises(TraceError, match="not a trace directory"):
+        load_trace(tmp_path / "missing")
+    bad = tmp_path / "truncated"
+    shutil.copytree(path, bad)
+    shard = sorted(bad.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(TraceError, match="truncated"):
+        load_trace(bad)
+    foreign = tmp_path / "foreign"
+    shutil.copytree(path, foreign)
+    (foreign / "manifest.json").write_text(json.dumps({"schema": "something.else", "version": 1}))
+    with pytest.raises(TraceError, match="schema 'something.else'.*not a ulptrace trace"):
+        load_trace(foreign)
+    newer = tmp_path / "newer"
+    shutil.copytree(path, newer)
+    manifest = json.loads((newer / "manifest.json").read_text())
+    manifest["version"] = 99
+    (newer / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TraceError, match="version 99.*upgrade"):
+        load_trace(newer)
+    (newer / "manifest.json").write_text("{not json")
+    with pytest.raises(TraceError, match="not valid JSON"):
+        load_trace(newer)
+
+
+def test_streaming_comparison_equals_stored_comparison(qwen, prompts, reference, tmp_path) -> None:
+    reference.save(tmp_path / "ref")
+    # a fault counts forward calls from its installation: one fault per run
+    with inject_fault(qwen, "layers.1.mlp.glu", step=1, index=5, ulps=2), Recorder(qwen) as rec:
+        greedy(qwen, prompts, 3)
+    sink = StreamingComparator(LazyTrace(tmp_path / "ref"))
+    with inject_fault(qwen, "layers.1.mlp.glu", step=1, index=5, ulps=2), Recorder(qwen, sink=sink):
+        greedy(qwen, prompts, 3)
+    stored = compare(load_trace(tmp_path / "ref"), rec.trace).to_json()
+    streamed = sink.finish().to_json()
+    stored.pop("candidate"), streamed.pop("candidate")
+    assert stored == streamed
+    assert stored["first_difference"] == {"step": 1, "site": "layers.1.mlp.glu", "kind": "glu", "layer": 1}
+    glu = next(s for s in stored["sites"] if (s["site"], s["step"]) == ("layers.1.mlp.glu", 1))
+    assert (glu["differing"], glu["max_ulp"], glu["histogram"]["2"]) == (1, 2, 1)
+
+
+def test_hf_against_itself_reports_no_difference() -> None:
+    comparison, info = run_onset(RunConfig(prompts=2, prompt_len=8, new_tokens=3, oracle=False,
+                                           check_observation=True))
+    assert comparison.sites and all(d.bitwise_equal for d in comparison.sites)
+    assert comparison.first_difference() is None and comparison.onset() is None
+    assert not (comparison.missing or comparison.extra or comparison.mismatched)
+    assert comparison.observation["bitwise_equal"] is True
+    assert info["first_token_flip"] is None
+
+
+@pytest.mark.parametrize("site", ["layers.1.post_attention_layernorm", "layers.2.mlp.glu",
+                                  "layers.2.linear_attn.gates.g", "layers.3.self_attn.core"])
+def test_one_ulp_fault_is_located_exactly(site: str) -> None:
+    comparison, _ = run_onset(RunConfig(candidate=f"fault:{site}@2+1", prompts=2, prompt_len=8, new_tokens=4,
+                                        oracle=False))
+    first = comparison.first_difference()
+    assert (first.step, first.site) == (2, site)
+    assert (first.differing, first.max_ulp, first.histogram["1"]) == (1, 1, 1)
+    index = comparison.sites.index(first)
+    assert index > 0 and all(d.bitwise_equal for d in comparison.sites[:index])
+    onset = comparison.onset()
+    assert (onset.step, onset.site) == (2, site)
+
+
+def test_eager_attention_against_sdpa_diverges_at_the_first_attention_core() -> None:
+    comparison, _ = run_onset(RunConfig(candidate="hf:attn=eager", prompts=2, prompt_len=8, new_tokens=2,
+                                        oracle=False))
+    first = comparison.first_difference()
+    assert first.site == "layers.1.self_attn.core" and first.step == 0
+    assert first.input_delta == {"query": 0, "key": 0, "value": 0}  # the core itself differs
+    assert comparison.candidate["attn_implementation"] == "eager"
+
+
+def test_mismatched_and_missing_records_are_listed_not_crashed(reference) -> None:
+    from ulptrace.trace import Record, Trace
+
+    records = list(reference)
+    cand = Trace(reference.metadata)
+    for rec in records[1:]:
+        out = rec.out[..., :-1] if rec.site == "layers.0.input_layernorm" and rec.step == 0 else rec.out
+        cand.add(Record(rec.site, rec.step, rec.kind, rec.layer, out, rec.inputs))
+    cand.add(Record("extra.site", 0, "other", None, torch.zeros(2)))
+    result = compare(reference, cand)
+    assert result.missing == [{"site": records[0].site, "step": records[0].step}]
+    assert result.extra == [{"site": "extra.site", "step": 0}]
+    assert result.mismatched[0]["site"] == "layers.0.input_layernorm"
+    assert "[2, 6, 128]" in result.mismatched[0]["reason"] and "[2, 6, 127]" in result.mismatched[0]["reason"]
