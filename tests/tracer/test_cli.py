@@ -1,0 +1,61 @@
+"""The ulptrace CLI: commands as a user runs them, the JSON contract, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ulptrace.cli import main
+
+SMALL = ["--prompts", "2", "--prompt-len", "6", "--new-tokens", "3"]
+
+
+def test_onset_json_contract_for_a_fault(tmp_path, capsys) -> None:
+    out = tmp_path / "onset.json"
+    md = tmp_path / "onset.md"
+    rc = main(["onset", *SMALL, "--candidate", "fault:layers.2.mlp.glu@1+1", "--no-oracle",
+               "--json", str(out), "--markdown", str(md), "--fail-on-onset"])
+    assert rc == 1  # an onset was found and the user asked to fail on it
+    data = json.loads(out.read_text())
+    assert data["first_difference"] == {"step": 1, "site": "layers.2.mlp.glu", "kind": "glu", "layer": 2}
+    assert data["onset"]["site"] == "layers.2.mlp.glu"
+    for entry in data["sites"]:
+        assert {"site", "step", "kind", "layer", "elements", "differing", "max_ulp", "histogram",
+                "verdicts", "boundary"} <= set(entry)
+    table = capsys.readouterr().out
+    assert "first difference: step 1, layers.2.mlp.glu (glu)" in table
+    assert "| layers.2.mlp.glu |" in md.read_text() or "layers.2.mlp.glu" in md.read_text()
+
+
+def test_record_then_compare(tmp_path, capsys) -> None:
+    assert main(["record", *SMALL, "--out", str(tmp_path / "a")]) == 0
+    assert main(["record", *SMALL, "--path", "hf:attn=eager", "--out", str(tmp_path / "b")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--no-oracle", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_difference"]["site"] == "layers.1.self_attn.core"
+    assert data["reference"]["path"] == "hf" and data["candidate"]["path"] == "hf:attn=eager"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["onset", "--model", "nope"], "unknown model 'nope'"),
+        (["onset", "--candidate", "bogus"], "unknown path 'bogus'"),
+        (["onset", "--candidate", "nosuchmodule.x:fn"], "cannot import module 'nosuchmodule.x'"),
+        (["compare", "/nonexistent/a", "/nonexistent/b"], "not a trace directory"),
+        (["onset", "--kinds", "nrom"], "unknown site kind"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_models_and_module_entry_point() -> None:
+    done = subprocess.run([sys.executable, "-m", "ulptrace", "models"], capture_output=True, text=True, check=True)
+    assert "tiny-qwen3.5" in done.stdout and "qwen3.5-0.8b" in done.stdout

@@ -1,0 +1,153 @@
+"""Verdicts for recorded sites: the bridge between traces and the oracle.
+
+``OracleJudge`` is what ``compare``/``onset`` call for every aligned record pair. For a site with
+oracle semantics it captures the *reference* model's formula for that site (its own HF modules and
+parameters, see ``ulptrace.sites``) on the reference record's inputs, then judges the candidate's
+output on the candidate's *own* recorded inputs — so a site is blamed only for error it introduced
+— and, on request, judges the reference against its own semantics too. Sites whose kind has no
+oracle semantics get ``verdicts = None`` and a note saying why, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ulptrace.sites import Site, site_table
+from ulptrace.trace import Record
+
+VERDICTS = ("exact", "tie", "boundary", "error", "nonfinite")
+_CALL_SUFFIX = re.compile(r"#\d+$")
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    from ulptrace.compare import _bitwise_equal
+
+    return a.shape == b.shape and a.dtype == b.dtype and _bitwise_equal(a, b)
+
+
+class OracleJudge:
+    """Judge record pairs with the oracle, using ``reference_model``'s semantics and parameters.
+
+    Args:
+        reference_model: the model of the reference path (with that path applied), whose modules
+            define each site's semantics.
+        judge_reference: also check that the reference output lies inside its own semantics
+            (``reference_outside`` in the result counts the elements that do not).
+        hypotheses: search boundary hypotheses for out-of-set elements.
+    """
+
+    def __init__(self, reference_model: Any, *, judge_reference: bool = False, hypotheses: bool = True) -> None:
+        self.model = reference_model
+        self.sites: dict[str, Site] = {s.name: s for s in site_table(reference_model, warn=False)}
+        self.judge_reference = judge_reference
+        self.hypotheses = hypotheses
+        self._programs: dict[tuple, Any] = {}
+
+    def site(self, name: str) -> Site | None:
+        return self.sites.get(_CALL_SUFFIX.sub("", name))
+
+    def program(self, site: Site, inputs: dict[str, torch.Tensor]) -> Any:
+        """The captured reference semantics of ``site`` for inputs shaped like ``inputs`` (cached)."""
+        from ulptrace.oracle import capture_semantics
+
+        key = (site.name,) + tuple((r, tuple(t.shape), t.dtype) for r, t in sorted(inputs.items()))
+        if key not in self._programs:
+            assert site.formula is not None
+            self._programs[key] = capture_semantics(site.formula(self.model), inputs)
+        return self._programs[key]
+
+    def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
+        site = self.site(reference.site)
+        if site is None or site.formula is None:
+            return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
+        missing = [r for r in site.inputs if r != "attention_mask" and r not in reference.inputs]
+        if missing:
+            return {"verdicts": None, "note": f"reference record lacks oracle input(s) {missing}"}
+        out: dict[str, Any] = {}
+        same = _bits_equal(reference.out, candidate.out)
+        if same and not self.judge_reference:
+            return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}}
+        try:
+            program = self.program(site, reference.inputs)
+            if self.judge_reference:
+                out["reference_outside"] = self._outside(program, reference.inputs, reference.out)
+            if same:
+                out["verdicts"] = {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}
+                return out
+            lacking = [r for r in reference.inputs if r not in candidate.inputs]
+            if lacking:
+                out.update(verdicts=None, note=f"candidate record lacks oracle input(s) {lacking}")
+                return out
+            from ulptrace.oracle import judge
+
+            result = judge(program, candidate.inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
+        except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
+            out.update(verdicts=None, note=f"oracle could not judge {reference.site}: {exc}")
+            return out
+        out.update(
+            verdicts={v: int(result.counts.get(v, 0)) for v in VERDICTS},
+            boundary=result.boundary,
+            explained=None if result.explained is None else float(result.explained),
+            max_error_ulp=result.max_error_ulp,
+        )
+        return out
+
+    def _outside(self, program: Any, inputs: dict[str, torch.Tensor], output: torch.Tensor) -> int:
+        from ulptrace.oracle import admissible
+
+        lo, hi = admissible(program, inputs)
+        value = output.double()
+        inside = (value >= lo.double()) & (value <= hi.double())
+        inside |= torch.isnan(value) & (torch.isnan(lo) | torch.isnan(hi))
+        return int((~inside).sum())
+
+
+def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None) -> OracleJudge | None:
+    """Rebuild the reference model a trace was recorded from, for judging stored traces offline.
+
+    Works for embedded models and local checkpoints named in the manifest; returns None (and says
+    why through ``progress``) when the model cannot be rebuilt, so the comparison runs without
+    verdicts rather than with guessed ones.
+    """
+    from ulptrace.models import build_model
+    from ulptrace.paths import apply_path
+
+    say = progress or (lambda msg: None)
+    try:
+        model = build_model(metadata["model"], dtype=getattr(torch, metadata.get("dtype") or "bfloat16"),
+                            seed=metadata.get("seed") or 0,
+                            attn_implementation=metadata.get("attn_implementation") or "sdpa")
+        apply_path(model, metadata.get("path", "hf"))
+    except (KeyError, ValueError, OSError) as exc:
+        say(f"no verdicts: cannot rebuild the reference model from the trace metadata ({exc})")
+        return None
+    say(f"verdicts use the semantics of {metadata['model']} on path {metadata.get('path', 'hf')!r}")
+    return OracleJudge(model)
+
+
+def site_semantics(model_name: str, site_name: str, *, path: str = "hf", seed: int = 0) -> str:
+    """The printable op list of the reference semantics at ``site_name`` (e.g. where HF rounds)."""
+    from ulptrace.models import build_model
+    from ulptrace.paths import apply_path
+    from ulptrace.probes.onset import greedy, make_prompts
+    from ulptrace.record import Recorder
+    from ulptrace.sites import select
+
+    model = build_model(model_name, seed=seed)
+    apply_path(model, path)
+    sites = select(site_table(model), [site_name])
+    if not sites:
+        names = [s.name for s in site_table(model) if s.formula is not None]
+        raise KeyError(f"unknown site {site_name!r} for {model_name}; sites with semantics include "
+                       f"{', '.join(names[:12])}, ...")
+    if sites[0].formula is None:
+        raise ValueError(f"site {site_name!r} ({sites[0].kind}) has no oracle semantics")
+    with Recorder(model, sites=sites, steps=[0]) as rec:
+        greedy(model, make_prompts(model.config.vocab_size, 1, 4, seed), 1)
+    record = next(iter(rec.trace))
+    program = OracleJudge(model).program(sites[0], record.inputs)
+    return f"{site_name} ({sites[0].kind}) on {model_name}, path {path}:\n{program}"
