@@ -160,3 +160,31 @@ def _check_observation(model: Any, prompts: torch.Tensor, new_tokens: int, token
         "differing_steps": differing,
         "what": "final-position logits of a traced vs an untraced run, every step",
     }
+
+
+def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """Record both paths into memory (forced to the reference's tokens).
+
+    Returns ``(reference_trace, candidate_trace, reference_model, info)``; the reference model
+    keeps its path applied (it is a private copy), so its modules define the semantics to judge by.
+    Memory: every selected record of both runs — select sites (e.g. norm kinds) for long runs.
+    """
+    resolve_path(cfg.reference), resolve_path(cfg.candidate)
+    dtype = _dtype(cfg.dtype)
+    steps = parse_range(cfg.steps)
+    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    prompts = make_prompts(ref_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
+    meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed}
+    ref_applied = apply_path(ref_model, cfg.reference)
+    with Recorder(ref_model, sites=_selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
+                  metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
+        ref_tokens = greedy(ref_model, prompts, cfg.new_tokens)
+    with apply_path(cand_model, cfg.candidate) as cand_applied:
+        with Recorder(cand_model, sites=_selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
+                      metadata={**meta, "path_info": cand_applied.info}) as cand_rec:
+            cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens)
+    flips = (ref_tokens != cand_tokens).nonzero().tolist()
+    info = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
+            "first_token_flip": None if not flips else {"row": flips[0][0], "step": min(f[1] for f in flips)}}
+    return ref_rec.trace, cand_rec.trace, ref_model, info

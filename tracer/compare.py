@@ -78,11 +78,16 @@ def _ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int | None, dict[
     return differing, None, {}
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of a floating tensor as integers (so NaN == NaN and -0 != +0); others as is."""
+    if not t.dtype.is_floating_point:
+        return t
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(width)
+
+
 def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype.is_floating_point:
-        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return bool(torch.equal(a.contiguous().view(width), b.contiguous().view(width)))
-    return bool(torch.equal(a, b))
+    return bool(torch.equal(bits(a), bits(b)))
 
 
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:

@@ -1,0 +1,212 @@
+"""``trace_norm_rounding``: are a candidate's norm differences honest rounding, a missing boundary, or a bug?
+
+Runs the reference and a candidate path (default ``kernels:fused``) on the embedded default model
+over a prefill and a few decode steps, records every norm-kind site (input/post-attention norms,
+q/k norms, the GatedDeltaNet gated norm, the final norm), and for each (site, step) reports the
+differing elements, the ULP histogram, the oracle's verdict counts and the named boundary. For
+rows whose differences are ties, it also says which explicit FP32 reduction orders
+(``ulptrace.trees``) reproduce the reference's row and the candidate's row bit for bit. It ends
+with a paragraph a reviewer can paste into a PR, and exits non-zero when any verdict is
+``boundary`` or ``error`` (``--report-only`` keeps it zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+NORM_KINDS = ("norm", "gated_norm")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_rows: int = 8) -> dict[str, Any] | None:
+    """For up to ``max_rows`` rows where the two outputs differ only by ties: which trees reproduce each side.
+
+    Returns ``{"rows": [{"row": r, "reference": [specs], "candidate": [specs]}], "summary": {...}}``
+    or None when the site has no semantics or no differing rows.
+    """
+    from ulptrace.compare import bits
+    from ulptrace.oracle import emulate
+    from ulptrace.trees import reduce_fp32
+
+    site = judge.site(ref.site)
+    if site is None or site.formula is None or not ref.inputs:
+        return None
+    differ = (bits(_rows(ref.out)) != bits(_rows(cand.out))).any(-1)
+    rows = differ.nonzero().flatten()[:max_rows]
+    if rows.numel() == 0:
+        return None
+
+    def subset(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: _rows(v)[rows] for k, v in inputs.items()}
+
+    program = judge.program(site, subset(ref.inputs))
+    ref_in, cand_in = subset(ref.inputs), subset(cand.inputs)
+    ref_out, cand_out = _rows(ref.out)[rows], _rows(cand.out)[rows]
+    found: dict[str, list[list[str]]] = {"reference": [[] for _ in rows], "candidate": [[] for _ in rows]}
+    for tree in trees:
+        reducer = lambda x, dim, tree=tree: reduce_fp32(x, tree, dim)  # noqa: E731
+        for side, inputs, target in (("reference", ref_in, ref_out), ("candidate", cand_in, cand_out)):
+            try:
+                emulated = emulate(program, inputs, reducer=reducer)
+            except (NotImplementedError, ValueError, TypeError):
+                return None
+            same = (bits(emulated) == bits(target)).all(-1)
+            for i in same.nonzero().flatten().tolist():
+                found[side][i].append(str(tree))
+    entries = [{"row": int(r), "reference": found["reference"][i], "candidate": found["candidate"][i]}
+               for i, r in enumerate(rows.tolist())]
+    return {"rows": entries, "summary": _common(entries)}
+
+
+def _common(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Trees that reproduce *every* examined row, per side."""
+    out = {}
+    for side in ("reference", "candidate"):
+        sets = [set(e[side]) for e in entries]
+        out[side] = sorted(set.intersection(*sets)) if sets else []
+    return out
+
+
+def conclusion(data: dict[str, Any]) -> str:
+    """One paragraph, from the measured data, that a reviewer can paste into a PR."""
+    sites = data["sites"]
+    ref, cand = data["reference"].get("path", "?"), data["candidate"].get("path", "?")
+    head = f"{cand} vs {ref} on {data['reference'].get('model', '?')} ({len(sites)} norm records)"
+    differing = [s for s in sites if not s["bitwise_equal"]]
+    if not differing:
+        return f"{head}: every norm output is bitwise identical."
+    unjudged = [s for s in differing if s["verdicts"] is None]
+    count = lambda key: sum((s["verdicts"] or {}).get(key, 0) for s in differing)  # noqa: E731
+    ties, boundary, error, nonfinite = count("tie"), count("boundary"), count("error"), count("nonfinite")
+    total = sum(s["differing"] for s in differing)
+    parts = []
+    if boundary == error == nonfinite == 0:
+        max_ulp = max((s["max_ulp"] or 0) for s in differing)
+        parts.append(f"all {total:,} differing norm elements in {len(differing)} records are rounding-order ties "
+                     f"(inside the admissible set of the reference's semantics; at most {max_ulp} ULP)")
+        trees = _tree_sentence(data)
+        if trees:
+            parts.append(trees)
+    else:
+        parts.append(f"{total:,} norm elements differ: {ties:,} ties, {boundary:,} boundary, {error:,} error"
+                     + (f", {nonfinite:,} nonfinite" if nonfinite else ""))
+        named: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for s in differing:
+            if s["boundary"] and (s["verdicts"] or {}).get("boundary"):
+                named.setdefault((s["site"], s["boundary"]), []).append(s)
+        for (site, boundary_name), group in list(named.items())[:3]:
+            out_of_set = sum(g["verdicts"]["boundary"] + g["verdicts"]["error"] for g in group)
+            share = sum((g["explained"] or 0) * (g["verdicts"]["boundary"] + g["verdicts"]["error"]) for g in group)
+            pct = 100.0 * share / out_of_set if out_of_set else 0.0
+            parts.append(f"{site}: {boundary_name} explains {pct:.0f}% of {out_of_set:,} out-of-set elements"
+                         f" over {len(group)} step(s)")
+        if len(named) > 3:
+            parts.append(f"{len(named) - 3} more site(s) with a named boundary")
+        errors = [s for s in differing if (s["verdicts"] or {}).get("error")]
+        if errors:
+            e = errors[0]
+            parts.append(f"first error at step {e['step']} {e['site']}: {e['verdicts']['error']:,} elements no "
+                         f"hypothesis explains, up to {e['max_error_ulp']} ULP outside the admissible set")
+        if data.get("onset"):
+            parts.append(f"divergence begins at step {data['onset']['step']}, {data['onset']['site']}")
+    if unjudged:
+        parts.append(f"{len(unjudged)} differing record(s) could not be judged ({unjudged[0].get('note')})")
+    return f"{head}: " + "; ".join(parts) + "."
+
+
+def _tree_sentence(data: dict[str, Any]) -> str:
+    findings = [t for t in data.get("trees", []) if t["findings"]]
+    if not findings:
+        return ""
+    ref = set.intersection(*[set(t["findings"]["summary"]["reference"]) for t in findings])
+    cand = set.intersection(*[set(t["findings"]["summary"]["candidate"]) for t in findings])
+    fmt = lambda s: ", ".join(sorted(s)[:3]) + (" ..." if len(s) > 3 else "") if s else "no catalogued order"  # noqa: E731
+    return (f"the reference's differing rows are reproduced bit for bit by FP32 order {fmt(ref)}, the candidate's "
+            f"by {fmt(cand)}")
+
+
+def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
+    """Record both paths (norm sites only), judge, analyse trees; returns the JSON report."""
+    from ulptrace.compare import compare
+    from ulptrace.probes.onset import RunConfig, record_pair
+    from ulptrace.trees import DEFAULT_TREES, Tree
+    from ulptrace.verdicts import OracleJudge
+
+    say = progress or (lambda msg: None)
+    cfg = RunConfig(model=args.model, reference=args.reference, candidate=args.candidate, prompts=args.prompts,
+                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed, device=args.device,
+                    dtype=args.dtype, sites=args.sites, kinds=list(NORM_KINDS), layers=args.layers, steps=args.steps)
+    say(f"recording {cfg.reference!r} and {cfg.candidate!r} on {cfg.model}: {cfg.prompts} prompts x "
+        f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, norm sites only")
+    ref_trace, cand_trace, ref_model, info = record_pair(cfg)
+    judge = OracleJudge(ref_model, judge_reference=True)
+    say("judging every norm record against the oracle")
+    comparison = compare(ref_trace, cand_trace, judge=judge)
+    data = comparison.to_json()
+    data["run"] = info
+    trees = [Tree.parse(t) for t in args.trees] if args.trees else list(DEFAULT_TREES)
+    data["trees"] = []
+    for diff in comparison.sites:
+        if diff.bitwise_equal or not diff.verdicts or diff.verdicts.get("tie", 0) == 0:
+            continue
+        findings = tree_findings(judge, ref_trace[diff.site, diff.step], cand_trace[diff.site, diff.step], trees)
+        data["trees"].append({"site": diff.site, "step": diff.step, "findings": findings})
+    data["conclusion"] = conclusion(data)
+    return data
+
+
+def render(data: dict[str, Any]) -> str:
+    from ulptrace.report import to_table
+
+    lines = [to_table(data)]
+    if data["trees"]:
+        lines += ["", "FP32 reduction orders reproducing each side of tie rows (bit for bit):"]
+        for t in data["trees"][:12]:
+            s = (t["findings"] or {}).get("summary")
+            if s:
+                lines.append(f"  step {t['step']} {t['site']}: reference {', '.join(s['reference'][:3]) or 'none'}"
+                             f" | candidate {', '.join(s['candidate'][:3]) or 'none'}")
+    lines += ["", "Conclusion: " + data["conclusion"]]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ulptrace.cli import add_report_options, add_run_options
+
+    parser = argparse.ArgumentParser(prog="trace_norm_rounding", description=__doc__.split("\n\n")[0])
+    add_run_options(parser)
+    parser.add_argument("--reference", default="hf")
+    parser.add_argument("--candidate", default="kernels:fused",
+                        help="path to judge (default kernels:fused; any path name works)")
+    parser.add_argument("--trees", nargs="*", default=None, metavar="SPEC",
+                        help="FP32 reduction orders to try (default: ulptrace.trees.DEFAULT_TREES)")
+    parser.add_argument("--report-only", action="store_true", help="exit 0 even with boundary/error verdicts")
+    add_report_options(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ulptrace.cli import _progress, _quiet_transformers, emit, run_cli
+
+    args = build_parser().parse_args(argv)
+    _quiet_transformers()
+
+    def job(args: argparse.Namespace) -> int:
+        data = run(args, progress=_progress)
+        emit(data, args, render(data))
+        bad = any((s["verdicts"] or {}).get(v) for s in data["sites"] for v in ("boundary", "error", "nonfinite"))
+        return 1 if bad and not args.report_only else 0
+
+    return run_cli(job, args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
