@@ -59,3 +59,25 @@ def test_bad_input_is_one_line_and_status_2(argv, message, capsys) -> None:
 def test_models_and_module_entry_point() -> None:
     done = subprocess.run([sys.executable, "-m", "ulptrace", "models"], capture_output=True, text=True, check=True)
     assert "tiny-qwen3.5" in done.stdout and "qwen3.5-0.8b" in done.stdout
+
+
+def test_user_patch_function_is_a_path(tmp_path, monkeypatch, capsys) -> None:
+    """A user's own ``module:function`` patches the model in place and returns an undo callable."""
+    (tmp_path / "my_kernels.py").write_text(
+        "import torch\n"
+        "def patch(model):\n"
+        "    norm = model.model.layers[2].post_attention_layernorm\n"
+        "    original = norm.forward\n"
+        "    def forward(x):\n"
+        "        out = original(x)\n"
+        "        return out * (1 + 2 ** -7)  # a deliberate scale bug in 'my kernel'\n"
+        "    norm.forward = forward\n"
+        "    return lambda: delattr(norm, 'forward')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["onset", *SMALL, "--candidate", "my_kernels:patch", "--no-oracle", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["first_difference"]["site"] == "layers.2.post_attention_layernorm"
+    assert data["first_difference"]["step"] == 0
+    assert main(["onset", "--candidate", "my_kernels:nothing_here"]) == 2
+    assert "has no function 'nothing_here'" in capsys.readouterr().err
