@@ -88,10 +88,22 @@ def conclusion(data: dict[str, Any]) -> str:
     ties, boundary, error, nonfinite = count("tie"), count("boundary"), count("error"), count("nonfinite")
     total = sum(s["differing"] for s in differing)
     parts = []
+    own = [s for s in differing if all(v == 0 for v in s["input_delta"].values())]
+    inherited = len(differing) - len(own)
     if boundary == error == nonfinite == 0:
-        max_ulp = max((s["max_ulp"] or 0) for s in differing)
-        parts.append(f"all {total:,} differing norm elements in {len(differing)} records are rounding-order ties "
-                     f"(inside the admissible set of the reference's semantics; at most {max_ulp} ULP)")
+        if own:
+            own_total = sum(s["differing"] for s in own)
+            max_ulp = max((s["max_ulp"] or 0) for s in own)
+            parts.append(f"all {total:,} differing norm elements in {len(differing)} records are inside the "
+                         f"admissible set of the reference's semantics (ties); in the {len(own)} records whose "
+                         f"inputs are bitwise equal, {own_total:,} elements differ by rounding order alone, at most "
+                         f"{max_ulp} ULP")
+        else:
+            parts.append(f"all {total:,} differing norm elements in {len(differing)} records are inside the "
+                         f"admissible set of the reference's semantics (ties)")
+        if inherited:
+            parts.append(f"{inherited} of those records differ because their inputs already differ "
+                         "(error inherited from upstream, see the input delta column)")
         trees = _tree_sentence(data)
         if trees:
             parts.append(trees)
@@ -123,14 +135,24 @@ def conclusion(data: dict[str, Any]) -> str:
 
 
 def _tree_sentence(data: dict[str, Any]) -> str:
-    findings = [t for t in data.get("trees", []) if t["findings"]]
+    """Which catalogued FP32 orders reproduce each side, over every examined tie row."""
+    findings = [t["findings"] for t in data.get("trees", []) if t["findings"]]
     if not findings:
         return ""
-    ref = set.intersection(*[set(t["findings"]["summary"]["reference"]) for t in findings])
-    cand = set.intersection(*[set(t["findings"]["summary"]["candidate"]) for t in findings])
-    fmt = lambda s: ", ".join(sorted(s)[:3]) + (" ..." if len(s) > 3 else "") if s else "no catalogued order"  # noqa: E731
-    return (f"the reference's differing rows are reproduced bit for bit by FP32 order {fmt(ref)}, the candidate's "
-            f"by {fmt(cand)}")
+    ref = set.intersection(*[set(f["summary"]["reference"]) for f in findings])
+    cand = set.intersection(*[set(f["summary"]["candidate"]) for f in findings])
+    rows = sum(len(f["rows"]) for f in findings)
+
+    def fmt(trees: set[str]) -> str:
+        shown = ", ".join(sorted(trees, key=len)[:3])
+        return f"{len(trees)} order(s) ({shown}{', ...' if len(trees) > 3 else ''})" if trees else "no catalogued order"
+
+    only_cand = cand - ref
+    text = (f"over {rows} examined tie rows, {fmt(ref)} reproduce the reference bit for bit and {fmt(cand)} the "
+            "candidate")
+    if only_cand:
+        text += f"; the candidate's rows are explained by an order the reference does not use: {fmt(only_cand)}"
+    return text
 
 
 def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:

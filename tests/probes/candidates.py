@@ -1,0 +1,104 @@
+"""Candidate paths with known defects and valid variants, for the probe tests.
+
+Each function patches an HF model in place, the way a user's ``module:function`` path does, and
+returns an undo callable. They are written independently of ``ulptrace.kernels``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ulptrace.trees import Tree, reduce_fp32
+
+
+def _norms(model, cls_name: str):
+    return [m for m in model.modules() if type(m).__name__ == cls_name]
+
+
+def _undo_all(patched):
+    def undo():
+        for module in patched:
+            del module.forward
+
+    return undo
+
+
+def reordered_norm_sums(model):
+    """Valid variant: every zero-centred RMSNorm sums its squares in a blocked FP32 order."""
+    tree = Tree.parse("blocked:t32:v2")
+    patched = _norms(model, "Qwen3_5RMSNorm")
+    for norm in patched:
+        def forward(x, norm=norm):
+            xf = x.float()
+            mean = reduce_fp32(xf * xf, tree, -1).unsqueeze(-1) / xf.shape[-1]
+            out = xf * torch.rsqrt(mean + norm.eps)
+            return (out * (1.0 + norm.weight.float())).to(x.dtype)
+
+        norm.forward = forward
+    return _undo_all(patched)
+
+
+def unrounded_residual(model):
+    """Defect: the post-attention norm normalises the FP32 sum residual + attn_out (no BF16 rounding first)."""
+    handles, patched = [], []
+    for layer in model.model.layers:
+        mixer = getattr(layer, "linear_attn", None) or layer.self_attn
+        seen = {}
+        handles.append(layer.register_forward_pre_hook(lambda m, a, k, seen=seen: seen.__setitem__("r", a[0] if a else k["hidden_states"]), with_kwargs=True))
+        handles.append(mixer.register_forward_hook(lambda m, a, o, seen=seen: seen.__setitem__("d", o[0] if isinstance(o, tuple) else o)))
+        norm = layer.post_attention_layernorm
+
+        def forward(x, norm=norm, seen=seen):
+            s = seen["r"].float() + seen["d"].float()
+            out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + norm.eps)
+            return (out * (1.0 + norm.weight.float())).to(x.dtype)
+
+        norm.forward = forward
+        patched.append(norm)
+
+    def undo():
+        for h in handles:
+            h.remove()
+        _undo_all(patched)()
+
+    return undo
+
+
+def glu_rounded_once(model):
+    """Defect (boundary): the GLU epilogue silu(gate) * up computed in FP32 and rounded once."""
+    patched = [layer.mlp for layer in model.model.layers]
+    for mlp in patched:
+        def forward(x, mlp=mlp):
+            glu = (F.silu(mlp.gate_proj(x).float()) * mlp.up_proj(x).float()).to(x.dtype)
+            return mlp.down_proj(glu)
+
+        mlp.forward = forward
+    return _undo_all(patched)
+
+
+def wrong_eps(model):
+    """Defect (error): the RMSNorms use eps = 0.1 instead of the configured 1e-6."""
+    norms = _norms(model, "Qwen3_5RMSNorm")
+    old = [n.eps for n in norms]
+    for n in norms:
+        n.eps = 0.1
+
+    def undo():
+        for n, e in zip(norms, old):
+            n.eps = e
+
+    return undo
+
+
+def bf16_scale(model):
+    """Defect (boundary): the zero-centred scale (1 + w) formed on the BF16 parameter."""
+    patched = _norms(model, "Qwen3_5RMSNorm")
+    for norm in patched:
+        def forward(x, norm=norm):
+            xf = x.float()
+            out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+            return (out * (1.0 + norm.weight).float()).to(x.dtype)
+
+        norm.forward = forward
+    return _undo_all(patched)
