@@ -1,1 +1,42 @@
-"""The FP64 oracle: reference semantics, interval replay, and per-element verdicts."""
+"""The FP64 oracle: reference semantics, interval replay, and per-element verdicts.
+
+Typical use, for one site::
+
+    program = capture_semantics(lambda x: ref_model.model.layers[3].input_layernorm(x), {"x": x_ref},
+                                constant_names=ref_model.model.layers[3].input_layernorm, name="layers.3.input_layernorm")
+    print(program)                                    # where the reference rounds, op by op
+    j = judge(program, {"x": x_cand}, y_cand, reference_output=y_ref)
+    j.counts, j.boundary, j.max_error_ulp             # exact / tie / boundary / error / nonfinite
+    judge(program, {"x": x_ref}, y_ref).inside        # is the reference inside its own semantics?
+
+Modules: :mod:`.program` (capture and listing), :mod:`.intervals` (float64 interval arithmetic and the
+rounding model), :mod:`.rules` (supported ops), :mod:`.attention` (fused SDPA), :mod:`.replay`
+(admissible set, emulation), :mod:`.hypotheses`, :mod:`.judge`.
+"""
+
+from __future__ import annotations
+
+from ulptrace.oracle.hypotheses import Hypothesis, enumerate_hypotheses
+from ulptrace.oracle.judge import VERDICTS, HypothesisResult, Judgement, judge
+from ulptrace.oracle.program import Op, Program, Value, ValueRef, capture_semantics
+from ulptrace.oracle.replay import Mods, admissible, emulate
+from ulptrace.oracle.rules import UnsupportedOpError, supported_ops
+
+__all__ = [
+    "VERDICTS",
+    "Hypothesis",
+    "HypothesisResult",
+    "Judgement",
+    "Mods",
+    "Op",
+    "Program",
+    "UnsupportedOpError",
+    "Value",
+    "ValueRef",
+    "admissible",
+    "capture_semantics",
+    "emulate",
+    "enumerate_hypotheses",
+    "judge",
+    "supported_ops",
+]

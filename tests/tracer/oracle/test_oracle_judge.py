@@ -1,0 +1,329 @@
+"""Verdicts on real HF modules (transformers 5.17): honest outputs are admissible, each known class of
+kernel mismatch is a ``boundary`` named after the right op, and real bugs are ``error``/``nonfinite``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.activations import ACT2FN
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, eager_attention_forward
+
+from ulptrace.oracle import VERDICTS, admissible, capture_semantics, judge
+
+BF16 = torch.bfloat16
+
+
+def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape) * scale).to(BF16)
+
+
+def assert_admissible(program, inputs, output):
+    """``output`` lies in its own admissible set everywhere, and is all ``exact`` against itself."""
+    alone = judge(program, inputs, output)
+    assert alone.inside, str(alone)
+    assert alone.counts["exact"] == output.numel() and not alone.against_reference
+    lo, hi = admissible(program, inputs)
+    assert lo.dtype == hi.dtype == program.output_value.dtype and lo.shape == output.shape
+    assert bool(((lo.double() <= output.double()) & (output.double() <= hi.double())).all())
+    against_itself = judge(program, inputs, output, output)
+    assert against_itself.counts == {"exact": output.numel(), "tie": 0, "boundary": 0, "error": 0, "nonfinite": 0}
+
+
+def best(judgement):
+    """The hypothesis the judgement names (most explained, first of equals)."""
+    return max(judgement.hypotheses, key=lambda h: h.explained)
+
+
+# ---------------------------------------------------------------------------------------------- HF is admissible
+
+
+def test_qwen_norm_output_is_admissible(qwen_norm):
+    x = randn(16, 64, scale=3.0)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    assert_admissible(program, {"x": x}, qwen_norm(x))
+
+
+def test_gated_norm_output_is_admissible(gated_norm):
+    x, gate = randn(16, 64), randn(16, 64, scale=2.0)
+    program = capture_semantics(lambda x, gate: gated_norm(x, gate), {"x": x, "gate": gate}, constant_names=gated_norm)
+    assert_admissible(program, {"x": x, "gate": gate}, gated_norm(x, gate))
+
+
+def test_llama_norm_output_is_admissible(llama_norm):
+    x = randn(16, 64)
+    program = capture_semantics(lambda x: llama_norm(x), {"x": x}, constant_names=llama_norm)
+    assert_admissible(program, {"x": x}, llama_norm(x))
+
+
+def test_glu_output_is_admissible():
+    act = ACT2FN["silu"]
+    gate, up = randn(8, 96, scale=3.0), randn(8, 96)
+    program = capture_semantics(lambda gate, up: act(gate) * up, {"gate": gate, "up": up})
+    assert_admissible(program, {"gate": gate, "up": up}, act(gate) * up)
+
+
+def test_gdn_gates_are_admissible(gates):
+    a, b = randn(4, 8, scale=3.0), randn(4, 8, scale=3.0)
+
+    def g_formula(a):
+        return -gates.A_log.float().exp() * F.softplus(a.float() + gates.dt_bias)
+
+    program = capture_semantics(g_formula, {"a": a}, constant_names=gates)
+    assert program.output_value.dtype == torch.float32
+    assert_admissible(program, {"a": a}, g_formula(a))
+    beta = capture_semantics(lambda b: b.sigmoid(), {"b": b})
+    assert_admissible(beta, {"b": b}, b.sigmoid())
+
+
+def test_eager_and_sdpa_attention_are_admissible(attention_module):
+    q, k, v = randn(1, 4, 12, 32), randn(1, 2, 12, 32), randn(1, 2, 12, 32)
+    mask = torch.zeros(1, 1, 12, 12).masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf")).to(BF16)
+    inputs = {"query": q, "key": k, "value": v}
+
+    def eager(query, key, value):
+        return eager_attention_forward(attention_module, query, key, value, mask, scaling=32**-0.5)[0]
+
+    def sdpa(query, key, value):  # no mask: HF uses is_causal and enable_gqa
+        return sdpa_attention_forward(attention_module, query, key, value, None, scaling=32**-0.5)[0]
+
+    assert_admissible(capture_semantics(eager, inputs, constant_names={"mask": mask}), inputs, eager(**inputs))
+    program = capture_semantics(sdpa, inputs)
+    assert any(op.name.startswith("_scaled_dot_product") for op in program.ops)
+    assert_admissible(program, inputs, sdpa(**inputs))
+
+
+def test_linear_outputs_are_admissible():
+    with_bias, without = torch.nn.Linear(64, 48).to(BF16), torch.nn.Linear(64, 40, bias=False).to(BF16)
+    x = randn(3, 7, 64)
+    for lin in (with_bias, without):
+        program = capture_semantics(lambda x: lin(x), {"x": x}, constant_names=lin)
+        assert_admissible(program, {"x": x}, lin(x))
+
+
+# ---------------------------------------------------------------------------------------------- ties
+
+
+def _qwen_norm_in_order(x, weight, eps, order):
+    """Qwen3.5 RMSNorm math with the sum of squares accumulated in FP32 in an explicit order."""
+    xf = x.float()
+    sq = xf * xf
+    n = xf.shape[-1]
+    if order == "reversed":
+        acc = torch.zeros(xf.shape[0])
+        for j in reversed(range(n)):
+            acc = acc + sq[:, j]
+    else:  # blocked: 8 threads sum contiguous chunks sequentially, then the partials are added in order
+        acc = torch.zeros(xf.shape[0])
+        chunk = n // 8
+        for start in range(0, n, chunk):
+            part = torch.zeros(xf.shape[0])
+            for j in range(start, start + chunk):
+                part = part + sq[:, j]
+            acc = acc + part
+    var = acc / n
+    normed = xf * torch.rsqrt(var + eps)[:, None]
+    return (normed * (1.0 + weight.float())).to(BF16)
+
+
+@pytest.mark.parametrize("order", ["reversed", "blocked"])
+def test_other_summation_order_is_a_tie(order):
+    norm = Qwen3_5RMSNorm(1024, eps=1e-6)
+    torch.nn.init.normal_(norm.weight, 0.0, 0.1)
+    norm = norm.to(BF16)
+    x = randn(256, 1024)
+    reference = norm(x)
+    candidate = _qwen_norm_in_order(x, norm.weight, 1e-6, order)
+    differing = int((candidate != reference).sum())
+    assert differing >= 1, "the test needs rows where the order changes the BF16 result"
+    program = capture_semantics(lambda x: norm(x), {"x": x}, constant_names=norm)
+    j = judge(program, {"x": x}, candidate, reference)
+    assert j.counts["tie"] == differing
+    assert j.counts["boundary"] == j.counts["error"] == j.counts["nonfinite"] == 0
+    assert j.counts["exact"] == x.numel() - differing
+    assert j.boundary is None and j.max_error_ulp is None
+
+
+# ---------------------------------------------------------------------------------------------- boundaries
+
+
+def test_residual_add_not_rounded_before_norm_is_a_boundary(qwen_norm):
+    residual, delta = randn(16, 64, scale=4.0), randn(16, 64)
+    program = capture_semantics(lambda residual, delta: qwen_norm(residual + delta),
+                                {"residual": residual, "delta": delta}, constant_names=qwen_norm)
+    reference = qwen_norm(residual + delta)
+    candidate = qwen_norm(residual.float() + delta.float()).to(BF16)  # normalises the FP32 sum
+    j = judge(program, {"residual": residual, "delta": delta}, candidate, reference)
+    assert j.counts["boundary"] > 0 and j.counts["error"] == 0
+    assert j.boundary == "the BF16 rounding of `add(residual, delta)` (op 0) is missing"
+    assert best(j).op == 0 and best(j).kind == "missing" and j.explained == 1.0
+
+
+def test_one_plus_weight_formed_in_bf16_is_a_boundary(qwen_norm):
+    x = randn(32, 64, scale=2.0)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    assert not torch.equal((1 + qwen_norm.weight).float(), 1.0 + qwen_norm.weight.float()), "weights must matter"
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    candidate = (normed * (1 + qwen_norm.weight).float()).to(BF16)  # (1 + w) rounded to BF16 first
+    j = judge(program, {"x": x}, candidate, qwen_norm(x))
+    add_w = next(op.index for op in program.ops if op.name == "add" and "weight" in program.op_label(op.index))
+    assert j.counts["boundary"] > 0 and j.counts["error"] == 0
+    assert best(j).op == add_w and best(j).kind == "added" and j.explained == 1.0
+    assert j.boundary == f"`add(f32(weight), 1.0)` (op {add_w}) rounded to BF16"
+
+
+def test_glu_rounded_once_is_a_boundary():
+    act = ACT2FN["silu"]
+    gate, up = randn(32, 64, scale=3.0), randn(32, 64)
+    program = capture_semantics(lambda gate, up: act(gate) * up, {"gate": gate, "up": up})
+    candidate = (F.silu(gate.float()) * up.float()).to(BF16)  # fused epilogue, one rounding
+    j = judge(program, {"gate": gate, "up": up}, candidate, act(gate) * up)
+    assert j.counts["boundary"] > 0 and j.counts["error"] == 0
+    assert j.boundary == "the BF16 rounding of `silu(gate)` (op 0) is missing" and j.explained == 1.0
+
+
+def test_gated_norm_fully_fused_is_a_boundary(gated_norm):
+    x, gate = randn(32, 64), randn(32, 64, scale=2.0)
+    program = capture_semantics(lambda x, gate: gated_norm(x, gate), {"x": x, "gate": gate}, constant_names=gated_norm)
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    candidate = (normed * gated_norm.weight.float() * F.silu(gate.float())).to(BF16)
+    j = judge(program, {"x": x, "gate": gate}, candidate, gated_norm(x, gate))
+    assert j.counts["error"] == 0 and j.counts["boundary"] > 0
+    assert j.boundary == "all intermediates fused into one final rounding" and j.explained == 1.0
+
+
+def test_gdn_g_emitted_in_bf16_is_a_boundary(gates):
+    a = randn(64, 8, scale=3.0)
+
+    def g_formula(a):
+        return -gates.A_log.float().exp() * F.softplus(a.float() + gates.dt_bias)
+
+    program = capture_semantics(g_formula, {"a": a}, constant_names=gates)
+    reference = g_formula(a)
+    candidate = reference.to(BF16)
+    j = judge(program, {"a": a}, candidate, reference)
+    assert j.counts["boundary"] > 0 and j.counts["error"] == 0
+    assert best(j).op == program.output_op() and best(j).kind == "added" and j.explained == 1.0
+    assert j.boundary.endswith(f"(op {program.output_op()}) rounded to BF16")
+
+
+def _integer_attention(attention_module):
+    """q, k in {-1, 0, 1}, head_dim 16, scale 1/4: every score is exact in BF16, so eager attention
+    differs from a once-rounded softmax(QK^T)V only by rounding the probabilities before P @ V."""
+    q = torch.randint(-1, 2, (1, 4, 16, 16)).to(BF16)
+    k = torch.randint(-1, 2, (1, 2, 16, 16)).to(BF16)
+    v = randn(1, 2, 16, 16)
+    eager = eager_attention_forward(attention_module, q, k, v, None, scaling=0.25)[0]
+    return {"query": q, "key": k, "value": v}, eager
+
+
+def _sdpa(query, key, value):
+    return F.scaled_dot_product_attention(query, key, value, scale=0.25, enable_gqa=True).transpose(1, 2)
+
+
+def test_eager_attention_against_strict_sdpa_is_the_probability_rounding(attention_module):
+    inputs, eager = _integer_attention(attention_module)
+    program = capture_semantics(_sdpa, inputs, attention="fp32")
+    j = judge(program, inputs, eager, _sdpa(**inputs))
+    assert j.counts["boundary"] > 0 and j.counts["error"] == 0
+    assert best(j).kind == "attention" and j.explained == 1.0
+    assert j.boundary.startswith("attention probabilities rounded to BF16 before P @ V")
+
+
+def test_eager_attention_against_flash_sdpa_is_a_tie(attention_module):
+    inputs, eager = _integer_attention(attention_module)
+    j = judge(capture_semantics(_sdpa, inputs), inputs, eager, _sdpa(**inputs))
+    assert j.counts["tie"] > 0
+    assert j.counts["boundary"] == j.counts["error"] == j.counts["nonfinite"] == 0
+
+
+def test_eager_scores_against_flash_sdpa_are_named(attention_module):
+    q, k, v = randn(1, 4, 24, 32), randn(1, 2, 40, 32), randn(1, 2, 40, 32)
+    inputs = {"query": q, "key": k, "value": v}
+    eager = eager_attention_forward(attention_module, q, k, v, None, scaling=32**-0.5)[0]
+
+    def sdpa(query, key, value):
+        return F.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
+
+    j = judge(capture_semantics(sdpa, inputs), inputs, eager, sdpa(**inputs))
+    assert j.counts["error"] == 0
+    if j.counts["boundary"]:
+        assert j.boundary.startswith("attention scores rounded to BF16 before the softmax")
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_wrong_eps_is_an_error(qwen_norm):
+    x = randn(16, 64, scale=0.01)  # variance ~1e-4, so eps=1e-2 dominates
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    wrong = Qwen3_5RMSNorm(64, eps=1e-2).to(BF16)
+    wrong.weight.data.copy_(qwen_norm.weight.data)
+    j = judge(program, {"x": x}, wrong(x), qwen_norm(x))
+    assert j.counts["error"] > x.numel() // 2 and j.max_error_ulp > 16
+    errors = j.mask("error")
+    assert bool((j.distance[errors] > 0).all())
+
+
+def test_wrong_weight_is_an_error(qwen_norm):
+    x = randn(16, 64)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    stale = Qwen3_5RMSNorm(64).to(BF16)
+    stale.weight.data.copy_(qwen_norm.weight.data + randn(64, scale=0.05))
+    j = judge(program, {"x": x}, stale(x), qwen_norm(x))
+    assert j.counts["error"] > 0 and j.max_error_ulp > 1
+
+
+def test_transposed_weight_stride_is_an_error():
+    lin = torch.nn.Linear(32, 32).to(BF16)
+    x = randn(8, 32)
+    program = capture_semantics(lambda x: lin(x), {"x": x}, constant_names=lin)
+    buggy = (x.float() @ lin.weight.float() + lin.bias.float()).to(BF16)  # reads W with the wrong stride
+    j = judge(program, {"x": x}, buggy, lin(x))
+    assert j.counts["error"] > x.numel() // 2 and j.max_error_ulp > 16
+
+
+def test_nan_is_nonfinite(qwen_norm):
+    x = randn(4, 64)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    reference = qwen_norm(x)
+    candidate = reference.clone()
+    candidate[1, 5] = float("nan")
+    candidate[2, 7] = float("inf")
+    j = judge(program, {"x": x}, candidate, reference)
+    assert j.counts["nonfinite"] == 2 and j.counts["exact"] == x.numel() - 2
+    assert j.verdicts[1, 5] == VERDICTS.index("nonfinite") and int(j.distance[1, 5]) == -1
+    assert j.worst == "nonfinite"
+
+
+def test_judgement_fields(qwen_norm):
+    x = randn(4, 64)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    j = judge(program, {"x": x}, qwen_norm(x), hypotheses=False)
+    assert j.verdicts.dtype == torch.uint8 and j.verdicts.shape == x.shape
+    assert set(j.counts) == set(VERDICTS) and sum(j.counts.values()) == x.numel()
+    assert j.hypotheses == [] and j.boundary is None and j.explained == 0.0
+    assert j.point.dtype == j.lo.dtype == j.hi.dtype == BF16
+    assert bool(((j.lo.double() <= j.point.double()) & (j.point.double() <= j.hi.double())).all())
+    assert "admissible 256" in str(j)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_mismatched_inputs_and_outputs_are_rejected(qwen_norm):
+    x = randn(4, 64)
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
+    with pytest.raises(ValueError, match=r"shape \(4, 64\) as captured, but got \(5, 64\)"):
+        judge(program, {"x": randn(5, 64)}, qwen_norm(x))
+    with pytest.raises(TypeError, match="dtype torch.bfloat16 as captured, but got torch.float32"):
+        judge(program, {"x": x.float()}, qwen_norm(x))
+    with pytest.raises(ValueError, match=r"named \['x'\], but got \['hidden'\]"):
+        judge(program, {"hidden": x}, qwen_norm(x))
+    with pytest.raises(ValueError, match=r"output shape \(4, 64\), but got \(4, 32\)"):
+        judge(program, {"x": x}, qwen_norm(x)[:, :32])
+    with pytest.raises(TypeError, match="must be a tensor"):
+        judge(program, {"x": x}, [1.0])

@@ -1,0 +1,108 @@
+"""Hypotheses: the captured program with one rounding decision changed, named for a kernel engineer.
+
+An output that falls outside the admissible set is not yet a bug: the kernel may have skipped one of
+HF's roundings (a fused residual-add + norm that normalises the FP32 sum), added one (``(1 + w)`` formed
+on the BF16 parameter), or fused everything into one final rounding (a GLU epilogue). Each hypothesis
+is a :class:`~ulptrace.oracle.replay.Mods` plus a sentence naming the op, its index and the dtype:
+
+- ``missing``: one BF16/FP16 rounding point removed (its result kept in FP32), for every narrow
+  rounding point except the output's own;
+- ``added``: one FP32 result rounded to the program's narrow dtype, for every FP32 rounding point
+  (upcasts and views excluded, the output op included: a kernel that emits an FP32 site in BF16);
+- ``attention``: rounding stages inside a fused attention op (see :mod:`ulptrace.oracle.attention`);
+- ``fused``: every narrow intermediate rounding removed, only the output rounded (listed only when it
+  differs from a single ``missing`` hypothesis).
+
+They are listed simplest first (single points in op order, then multi-point attention stages, then
+``fused``), which is the order ties are broken in when naming the best explanation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ulptrace.oracle import intervals as I
+from ulptrace.oracle.program import Program, dtype_word
+from ulptrace.oracle.replay import Mods
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One program modification and its name.
+
+    Attributes:
+        kind: ``"missing"``, ``"added"``, ``"attention"`` or ``"fused"``.
+        description: the sentence shown to the user.
+        op: the op index it is about (None for ``fused``).
+        mods: what the replay changes.
+    """
+
+    kind: str
+    description: str
+    op: int | None
+    mods: Mods
+
+
+def _attention_hypotheses(program: Program, op_index: int) -> list[Hypothesis]:
+    op = program.ops[op_index]
+    narrow = op.attrs.get("input_dtype")
+    if narrow not in I.NARROW_DTYPES:
+        return []
+    word = dtype_word(narrow)
+    where = f"inside `{program.op_label(op_index)}` (op {op_index})"
+    options: list[tuple[frozenset[str], str]] = []
+    if op.attrs.get("attention") == "fp32":
+        options += [
+            (frozenset({"probs"}), f"attention probabilities rounded to {word} before P @ V {where}"),
+            (frozenset({"flash"}), f"unnormalised attention probabilities rounded to {word} before P @ V {where}, "
+                                   "as flash kernels do"),
+            (frozenset({"scores"}), f"attention scores rounded to {word} before the softmax {where}"),
+            (frozenset({"scores", "probs"}), f"eager-style attention {where}: scores and probabilities rounded "
+                                             f"to {word}"),
+        ]
+    else:
+        options += [
+            (frozenset({"scores"}), f"attention scores rounded to {word} before the softmax {where}, as HF's "
+                                    "eager path does"),
+        ]
+    return [Hypothesis("attention", text, op_index, Mods(attention={op_index: stages})) for stages, text in options]
+
+
+def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
+    """Every hypothesis for a program, simplest first (see the module docstring).
+
+    Args:
+        program: from :func:`~ulptrace.oracle.program.capture_semantics`.
+
+    Returns:
+        the list; empty when the program has no rounding decision to change.
+    """
+    out_op = program.output_op()
+    narrow = program.narrow_dtype
+    missing: list[Hypothesis] = []
+    added: list[Hypothesis] = []
+    attention: list[Hypothesis] = []
+    for op in program.ops:
+        i = op.index
+        if i not in program.live:
+            continue
+        if program.kind(i) == "attention":
+            attention += _attention_hypotheses(program, i)
+        if not program.is_rounding_point(i):
+            continue
+        dtype = program.result_dtype(i)
+        label = program.op_label(i)
+        if dtype in I.NARROW_DTYPES and i != out_op:
+            missing.append(Hypothesis("missing", f"the {dtype_word(dtype)} rounding of `{label}` (op {i}) is missing",
+                                      i, Mods(keep_fp32=frozenset({i}))))
+        elif dtype == torch.float32 and narrow is not None:
+            added.append(Hypothesis("added", f"`{label}` (op {i}) rounded to {dtype_word(narrow)}", i,
+                                    Mods(round_narrow=frozenset({i}))))
+    hypotheses = missing + added + attention
+    if len(missing) >= 2:
+        every = frozenset(h.op for h in missing if h.op is not None)
+        hypotheses.append(Hypothesis("fused", "all intermediates fused into one final rounding", None,
+                                     Mods(keep_fp32=every)))
+    return hypotheses

@@ -1,0 +1,367 @@
+"""Float64 interval arithmetic with the rounding model of the oracle.
+
+The oracle replays a site's reference semantics in float64 and carries, per element, an interval
+``[lo, hi]`` that contains every result an *honest* implementation of those semantics could produce
+(plus ``pt``, the exact replay: float64 math rounded with one round-to-nearest-even at each op's
+dtype). This module holds the arithmetic on such intervals; :mod:`ulptrace.oracle.replay` maps aten ops
+onto it. Choices, all conservative (they may admit a little more than strictly necessary, never less):
+
+- **Rounding to FP32** is modelled by rounding *outward*: ``[RD32(lo), RU32(hi)]``. This admits both an
+  implementation that rounds to FP32 there and one that keeps more precision (FMA contraction, fused
+  epilogues), and costs nothing when the ends are already FP32 values.
+- **Rounding to a narrow format** (BF16, FP16, FP8) first rounds outward to FP32 (torch and CUDA kernels
+  compute narrow ops in FP32 "opmath", so a value can be rounded twice) and then rounds both ends with
+  one RNE (:func:`ulptrace.ulp.round_to`, monotone): the honest results are exactly the representable
+  values between the two rounded ends.
+- **Reductions** of ``n`` terms in FP32 (sums, means, dot products) widen by ``gamma(n) * sum |terms|``,
+  the forward error bound of floating-point summation in *any* order (Higham, *Accuracy and Stability
+  of Numerical Algorithms*, eq. 4.4), with ``gamma(k) = k*u / (1 - k*u)``, ``u = 2**-24``.
+- **Approximate functions** (exp, rsqrt, sigmoid, silu, softplus, tanh, gelu, log, sqrt, reciprocal,
+  division) get :data:`SLACK_ULPS` FP32 ULPs of slack beyond the exact float64 value, as a relative
+  widening of ``SLACK_ULPS * 2**-23`` plus the same number of FP32's smallest subnormals.
+
+Float64 evaluation error (about ``2**-53`` relative per operation) is neglected against these widths
+except in reductions, where ``gamma`` carries a float64 term too. Non-float values (bool masks, integer
+indices) travel as exact points.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ulptrace.ulp import round_to
+
+U32 = 2.0**-24
+"""Unit roundoff of FP32 (half an ULP at 1.0)."""
+
+SLACK_ULPS = 4
+"""FP32 ULPs of slack granted to approximate functions beyond their exact float64 value."""
+
+NARROW_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+"""Formats narrower than FP32 that an op result can be rounded to."""
+
+F64 = torch.float64
+
+
+def gamma(k: int) -> float:
+    """``k*u/(1-k*u)`` with ``u = 2**-24``, plus ``k * 2**-52`` for the float64 evaluation of the bound.
+
+    Raises:
+        ValueError: ``k*u >= 1`` (more than 2**24 terms), where the bound is meaningless.
+    """
+    k = max(int(k), 0)
+    if k * U32 >= 1.0:
+        raise ValueError(f"FP32 accumulation bound needs fewer than 2**24 terms, but got {k}")
+    return k * U32 / (1.0 - k * U32) + k * 2.0**-52
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Unit roundoff ``2**-p`` of a floating dtype (``p`` significand bits including the implicit one)."""
+    return torch.finfo(dtype).eps / 2
+
+
+@dataclass
+class Iv:
+    """An interval per element, plus the exact-replay point ``pt`` (None when not tracked).
+
+    Float values hold float64 tensors; non-float values (bool, integer) hold the same exact tensor in
+    ``lo``, ``hi`` and ``pt``.
+    """
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    pt: torch.Tensor | None
+
+    @property
+    def is_float(self) -> bool:
+        return self.lo.dtype.is_floating_point
+
+    @property
+    def is_point(self) -> bool:
+        """Whether the interval is known to be a single value (cheap identity check, not a comparison)."""
+        return self.lo is self.hi
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Iv:
+        """Apply a value-preserving function (view, selection) to every component."""
+        lo = fn(self.lo)
+        hi = lo if self.is_point else fn(self.hi)
+        pt = None if self.pt is None else (lo if self.pt is self.lo else fn(self.pt))
+        return Iv(lo, hi, pt)
+
+
+def point(t: torch.Tensor, track: bool = True) -> Iv:
+    """An exact value: floats become float64 (exactly), other dtypes are kept."""
+    v = t.to(F64) if t.dtype.is_floating_point else t
+    return Iv(v, v, v if track else None)
+
+
+def scalar_iv(value: float, like: torch.Tensor) -> Iv:
+    """A Python scalar as an exact 0-dim float64 interval on ``like``'s device."""
+    v = torch.tensor(float(value), dtype=F64, device=like.device)
+    return Iv(v, v, v)
+
+
+def make(lo: torch.Tensor, hi: torch.Tensor, pt: torch.Tensor | None) -> Iv:
+    return Iv(lo, hi, pt)
+
+
+# ---------------------------------------------------------------------------------------------- rounding
+
+
+def _down32(x: torch.Tensor) -> torch.Tensor:
+    y = x.to(torch.float32)
+    y = torch.where(y.to(F64) > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
+    return y
+
+
+def _up32(x: torch.Tensor) -> torch.Tensor:
+    y = x.to(torch.float32)
+    y = torch.where(y.to(F64) < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+    return y
+
+
+def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
+    """Round an interval at a rounding point of ``dtype`` (see the module docstring for the model).
+
+    float64 results are left alone; non-float values pass through.
+    """
+    if not iv.is_float or dtype == F64:
+        return iv
+    if dtype == torch.float32:
+        pt = None if iv.pt is None else iv.pt.to(torch.float32).to(F64)
+        lo = _down32(iv.lo).to(F64)
+        hi = _up32(iv.hi).to(F64)
+        if iv.is_point and bool(torch.equal(lo, hi)):
+            return Iv(lo, lo, pt)
+        return Iv(lo, hi, pt)
+    if dtype not in NARROW_DTYPES:
+        raise TypeError(f"the oracle rounds to float64, float32 or {NARROW_DTYPES}, but got {dtype}")
+    # from an FP32 value, torch's cast to BF16/FP16 is one correct RNE (the float64 -> narrow casts are
+    # the ones that round twice); FP8 casts saturate in torch, so those go through round_to
+    cast = (lambda t: t.to(dtype)) if dtype in (torch.bfloat16, torch.float16) else (lambda t: round_to(t, dtype))
+    lo = cast(_down32(iv.lo)).to(F64)
+    hi = cast(_up32(iv.hi)).to(F64)
+    pt = None if iv.pt is None else round_to(iv.pt, dtype).to(F64)
+    if iv.is_point and bool(torch.equal(lo, hi)):
+        return Iv(lo, lo, pt)
+    return Iv(lo, hi, pt)
+
+
+def round_scalar(value: float, dtype: torch.dtype) -> float:
+    """A Python scalar as an op of ``dtype`` uses it: converted to FP32 for FP32/narrow ops (torch's
+    opmath), kept for float64 ops."""
+    if dtype == F64 or isinstance(value, bool):
+        return float(value)
+    return float(torch.tensor(float(value), dtype=F64).to(torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------- widening
+
+
+def widen_rel(iv: Iv, rel: float | torch.Tensor, absolute: float = 0.0) -> Iv:
+    """Widen each end away from the other by ``rel * |end| + absolute``."""
+    lo = iv.lo - (iv.lo.abs() * rel + absolute)
+    hi = iv.hi + (iv.hi.abs() * rel + absolute)
+    return Iv(lo, hi, iv.pt)
+
+
+def approx_slack(iv: Iv, dtype: torch.dtype) -> Iv:
+    """Grant an approximate function :data:`SLACK_ULPS` ULPs of its compute type (FP32 unless float64)."""
+    if dtype == F64:
+        return widen_rel(iv, SLACK_ULPS * 2.0**-52, SLACK_ULPS * 2.0**-1074)
+    return widen_rel(iv, SLACK_ULPS * 2.0**-23, SLACK_ULPS * 2.0**-149)
+
+
+def magnitude(iv: Iv) -> torch.Tensor:
+    """Largest absolute value in each interval."""
+    return iv.lo.abs() if iv.is_point else torch.maximum(iv.lo.abs(), iv.hi.abs())
+
+
+# ---------------------------------------------------------------------------------------------- arithmetic
+
+
+def _pt(fn: Callable[..., torch.Tensor], *ivs: Iv) -> torch.Tensor | None:
+    if any(v.pt is None for v in ivs):
+        return None
+    return fn(*(v.pt for v in ivs))
+
+
+def add(a: Iv, b: Iv) -> Iv:
+    lo = a.lo + b.lo
+    hi = lo if a.is_point and b.is_point else a.hi + b.hi
+    return Iv(lo, hi, _pt(torch.add, a, b))
+
+
+def neg(a: Iv) -> Iv:
+    lo = -a.hi
+    return Iv(lo, lo if a.is_point else -a.lo, _pt(torch.neg, a))
+
+
+def sub(a: Iv, b: Iv) -> Iv:
+    return add(a, neg(b))
+
+
+def mul(a: Iv, b: Iv) -> Iv:
+    if a.is_point and b.is_point:
+        v = a.lo * b.lo
+        return Iv(v, v, _pt(torch.mul, a, b))
+    p = (a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)
+    lo = torch.minimum(torch.minimum(p[0], p[1]), torch.minimum(p[2], p[3]))
+    hi = torch.maximum(torch.maximum(p[0], p[1]), torch.maximum(p[2], p[3]))
+    return Iv(lo, hi, _pt(torch.mul, a, b))
+
+
+def reciprocal(a: Iv) -> Iv:
+    """``1/x``; an interval containing zero gives ``[-inf, inf]`` (or ``[1/hi, inf]`` from ``[0, hi]``)."""
+    lo, hi = 1.0 / a.hi, 1.0 / a.lo
+    spans_zero = (a.lo < 0) & (a.hi > 0)
+    lo = torch.where(spans_zero, torch.full_like(lo, -math.inf), lo)
+    hi = torch.where(spans_zero, torch.full_like(hi, math.inf), hi)
+    return Iv(lo, hi, _pt(torch.reciprocal, a))
+
+
+def div(a: Iv, b: Iv) -> Iv:
+    q = mul(a, reciprocal(b))
+    return Iv(q.lo, q.hi, _pt(torch.div, a, b))
+
+
+def square(a: Iv) -> Iv:
+    lo2, hi2 = a.lo * a.lo, a.hi * a.hi
+    lo = torch.where(a.lo >= 0, lo2, torch.where(a.hi <= 0, hi2, torch.zeros_like(lo2)))
+    hi = torch.maximum(lo2, hi2)
+    return Iv(lo, hi, _pt(torch.square, a))
+
+
+def abs_(a: Iv) -> Iv:
+    lo = torch.where(a.lo >= 0, a.lo, torch.where(a.hi <= 0, -a.hi, torch.zeros_like(a.lo)))
+    return Iv(lo, magnitude(a), _pt(torch.abs, a))
+
+
+def monotone(a: Iv, fn: Callable[[torch.Tensor], torch.Tensor], increasing: bool = True) -> Iv:
+    """Apply a monotone function to both ends (swapped when decreasing)."""
+    flo = fn(a.lo)
+    fhi = flo if a.is_point else fn(a.hi)
+    pt = None if a.pt is None else (flo if a.pt is a.lo else fn(a.pt))
+    return Iv(flo, fhi, pt) if increasing else Iv(fhi, flo, pt)
+
+
+def even_power(a: Iv, fn: Callable[[torch.Tensor], torch.Tensor]) -> Iv:
+    """Apply ``f(x) = g(|x|)`` with ``g`` increasing (``x**4``, ``|x|**p``)."""
+    m = abs_(a)
+    return Iv(fn(m.lo), fn(m.hi), _pt(fn, a))
+
+
+def single_minimum(a: Iv, fn: Callable[[torch.Tensor], torch.Tensor], x_min: float, f_min: float) -> Iv:
+    """Apply a function that decreases up to ``x_min``, where it takes ``f_min``, then increases."""
+    flo = fn(a.lo)
+    fhi = flo if a.is_point else fn(a.hi)
+    low = torch.where(a.hi <= x_min, fhi, torch.where(a.lo >= x_min, flo, torch.full_like(flo, f_min)))
+    high = torch.maximum(flo, fhi)
+    pt = None if a.pt is None else fn(a.pt)
+    return Iv(low, high, pt)
+
+
+@functools.lru_cache(maxsize=None)
+def minimum_of(name: str, fn: Callable[[torch.Tensor], torch.Tensor], left: float, right: float) -> tuple[float, float]:
+    """``(x_min, f_min)`` of a unimodal function on ``[left, right]`` by golden-section search in float64.
+
+    ``f_min`` is lowered by a relative ``2**-40`` so that the search's own error cannot make the interval
+    too narrow. ``name`` only keys the cache.
+    """
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = left, right
+
+    def f(x: float) -> float:
+        return float(fn(torch.tensor(x, dtype=F64)))
+
+    for _ in range(200):
+        c, d = b - ratio * (b - a), a + ratio * (b - a)
+        if f(c) < f(d):
+            b = d
+        else:
+            a = c
+    x = (a + b) / 2.0
+    fx = f(x)
+    return x, fx - abs(fx) * 2.0**-40
+
+
+def maximum(a: Iv, b: Iv) -> Iv:
+    return Iv(torch.maximum(a.lo, b.lo), torch.maximum(a.hi, b.hi), _pt(torch.maximum, a, b))
+
+
+def minimum(a: Iv, b: Iv) -> Iv:
+    return Iv(torch.minimum(a.lo, b.lo), torch.minimum(a.hi, b.hi), _pt(torch.minimum, a, b))
+
+
+# ---------------------------------------------------------------------------------------------- reductions
+
+
+def reduce_sum(a: Iv, dims: list[int], keepdim: bool, terms: int) -> Iv:
+    """Sum over ``dims`` with the any-order FP32 accumulation bound ``gamma(terms) * sum |x|``."""
+    s_lo = a.lo.sum(dims, keepdim=keepdim)
+    s_hi = s_lo if a.is_point else a.hi.sum(dims, keepdim=keepdim)
+    bound = gamma(terms) * magnitude(a).sum(dims, keepdim=keepdim)
+    pt = None if a.pt is None else (s_lo if a.pt is a.lo else a.pt.sum(dims, keepdim=keepdim))
+    return Iv(s_lo - bound, s_hi + bound, pt)
+
+
+def matmul(a: Iv, b: Iv, terms: int) -> Iv:
+    """``a @ b`` (torch.matmul broadcasting) in midpoint-radius form, plus ``gamma(terms) * |a| @ |b|``."""
+    if a.is_point and b.is_point:
+        mid = a.lo @ b.lo
+        rad = torch.zeros((), dtype=F64, device=mid.device)
+        bound = gamma(terms) * (a.lo.abs() @ b.lo.abs())
+    else:
+        am, ar = (a.lo + a.hi) / 2, (a.hi - a.lo) / 2
+        bm, br = (b.lo + b.hi) / 2, (b.hi - b.lo) / 2
+        mid = am @ bm
+        rad = am.abs() @ br + ar @ (bm.abs() + br)
+        bound = gamma(terms) * (magnitude(a) @ magnitude(b))
+    pt = _pt(torch.matmul, a, b)
+    return Iv(mid - rad - bound, mid + rad + bound, pt)
+
+
+def nonneg_matmul(p: Iv, v: Iv, terms: int) -> Iv:
+    """``p @ v`` for ``p >= 0`` (probabilities): tight per-term corners, plus the FP32 accumulation bound."""
+    plo, phi = p.lo.clamp(min=0), p.hi.clamp(min=0)
+    lo = plo @ v.lo.clamp(min=0) + phi @ v.lo.clamp(max=0)
+    hi = phi @ v.hi.clamp(min=0) + plo @ v.hi.clamp(max=0)
+    bound = gamma(terms) * (phi @ magnitude(v))
+    return Iv(lo - bound, hi + bound, _pt(torch.matmul, p, v))
+
+
+def softmax(a: Iv, dim: int, compute: torch.dtype) -> Iv:
+    """Softmax over ``dim`` with rigorous ends, and the error of an FP32 (or float64) evaluation.
+
+    ``p_i`` is smallest with ``x_i`` at ``lo`` and the others at ``hi``, and vice versa. The evaluation
+    error is bounded relative to ``p_i``: exp's slack and the rounding of ``x_i - max`` (``u*|x_i - max|``)
+    for the numerator, the same weighted over the row plus ``gamma(n)`` for the denominator, and the
+    division. Entries at ``-inf`` get exactly 0.
+    """
+    n = a.lo.shape[dim]
+    top = a.hi.amax(dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    e_lo, e_hi = torch.exp(a.lo - top), torch.exp(a.hi - top)
+    s_lo, s_hi = e_lo.sum(dim, keepdim=True), e_hi.sum(dim, keepdim=True)
+    p_lo = e_lo / (s_hi - e_hi + e_lo)
+    p_hi = e_hi / (s_lo - e_lo + e_hi)
+    p_lo = torch.nan_to_num(p_lo, nan=0.0).clamp(0.0, 1.0)
+    p_hi = torch.nan_to_num(p_hi, nan=0.0).clamp(0.0, 1.0)
+    if compute == F64:
+        u, slack = 2.0**-53, SLACK_ULPS * 2.0**-52
+    else:
+        u, slack = U32, SLACK_ULPS * 2.0**-23
+    spread = top - a.lo
+    err = slack + u * torch.where(torch.isfinite(spread), spread, torch.zeros_like(spread))
+    weighted = torch.where(e_hi > 0, e_hi * err, torch.zeros_like(err)).sum(dim, keepdim=True)
+    rel = err + weighted / s_lo.clamp(min=1e-300) + gamma(n) + 2 * u
+    floor = SLACK_ULPS * (2.0**-149 if compute != F64 else 2.0**-1074)
+    lo = torch.where(e_lo > 0, p_lo * (1 - rel) - floor, p_lo).clamp(min=0.0)
+    hi = torch.where(e_hi > 0, p_hi * (1 + rel) + floor, p_hi).clamp(max=1.0)
+    pt = None if a.pt is None else torch.softmax(a.pt, dim)
+    return Iv(lo, hi, pt)

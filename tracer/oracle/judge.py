@@ -1,0 +1,228 @@
+"""Per-element verdicts: is a path's output exact, a tie, a boundary mismatch, an error, or nonfinite?
+
+:func:`judge` replays the reference semantics on the judged path's *own* inputs (so a site is blamed
+only for error it introduced), compares the path's output with the admissible set, and tries every
+hypothesis of :mod:`ulptrace.oracle.hypotheses` on the elements that fall outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ulptrace.oracle.hypotheses import enumerate_hypotheses
+from ulptrace.oracle.program import Program
+from ulptrace.oracle.replay import output_interval, replay, to_dtype
+from ulptrace.ulp import FORMATS, round_to, ulp_distance
+
+VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
+"""Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
+
+EXACT, TIE, BOUNDARY, ERROR, NONFINITE = range(5)
+
+
+@dataclass
+class HypothesisResult:
+    """How one hypothesis fared: its kind, sentence, op index and the out-of-set elements it explains."""
+
+    kind: str
+    description: str
+    op: int | None
+    explained: int
+
+
+@dataclass
+class Judgement:
+    """The verdicts on one output (see :func:`judge`).
+
+    Attributes:
+        verdicts: uint8 tensor of the output's shape; codes index :data:`VERDICTS`.
+        counts: ``{verdict: count}`` with all five keys.
+        boundary: the hypothesis that explains the most out-of-set elements, or None.
+        explained: share of out-of-set (boundary + error) elements that ``boundary`` explains (0.0 if none).
+        hypotheses: every hypothesis tried, in order, with its count.
+        max_error_ulp: largest ULP distance (output dtype of the program) from an ``error`` element to the
+            admissible set, or None when there is no error.
+        lo, hi: the admissible set's ends, in the program's output dtype.
+        point: the exact replay (float64 math, one RNE per op), in the program's output dtype.
+        distance: int64 ULP distance of every element to the admissible set (0 inside, -1 nonfinite).
+        against_reference: True when judged against a reference output (``exact`` = bitwise equal to it);
+            False when judging a path against the semantics alone (``exact`` = inside the admissible set).
+        site: the program's site name.
+    """
+
+    verdicts: torch.Tensor
+    counts: dict[str, int]
+    boundary: str | None
+    explained: float
+    hypotheses: list[HypothesisResult]
+    max_error_ulp: int | None
+    lo: torch.Tensor
+    hi: torch.Tensor
+    point: torch.Tensor
+    distance: torch.Tensor
+    against_reference: bool
+    site: str | None = None
+
+    @property
+    def inside(self) -> bool:
+        """Whether every element is inside the admissible set (or bitwise equal to the reference)."""
+        return self.counts["boundary"] + self.counts["error"] + self.counts["nonfinite"] == 0
+
+    @property
+    def worst(self) -> str:
+        """The worst verdict present (the site's verdict)."""
+        present = [k for k, name in enumerate(VERDICTS) if self.counts[name]]
+        return VERDICTS[max(present)] if present else "exact"
+
+    def mask(self, verdict: str) -> torch.Tensor:
+        """Bool tensor of the elements with ``verdict``.
+
+        Raises:
+            ValueError: unknown verdict name.
+        """
+        if verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, but got {verdict!r}")
+        return self.verdicts == VERDICTS.index(verdict)
+
+    def __str__(self) -> str:
+        total = self.verdicts.numel()
+        head = f"site {self.site!r}" if self.site else "output"
+        exact = "exact" if self.against_reference else "admissible"
+        counts = " | ".join(f"{exact if n == 'exact' else n} {self.counts[n]}" for n in VERDICTS)
+        lines = [f"{head}: {total} elements: {counts} (worst: {self.worst})"]
+        outside = self.counts["boundary"] + self.counts["error"]
+        if self.boundary is not None:
+            lines.append(f"  boundary: {self.boundary} (explains {100 * self.explained:.1f}% of {outside} "
+                         "out-of-set elements)")
+        if self.max_error_ulp is not None:
+            lines.append(f"  error: up to {self.max_error_ulp} ULP outside the admissible set")
+        return "\n".join(lines)
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype == b.dtype and a.dtype in FORMATS:
+        fmt = FORMATS[a.dtype]
+        return a.view(fmt.int_dtype) == b.view(fmt.int_dtype)
+    x, y = a.to(torch.float64), b.to(torch.float64)
+    return ((x == y) & (torch.signbit(x) == torch.signbit(y))) | (torch.isnan(x) & torch.isnan(y))
+
+
+def _check_output(program: Program, output: torch.Tensor, what: str) -> None:
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"{program.where()}: {what} must be a tensor, but got {type(output).__name__}")
+    expected = program.output_value
+    if tuple(output.shape) != expected.shape:
+        raise ValueError(f"{program.where()}: {what} must have the captured output shape {expected.shape}, "
+                         f"but got {tuple(output.shape)}")
+    if not output.dtype.is_floating_point:
+        raise TypeError(f"{program.where()}: {what} must be a floating tensor, but got {output.dtype}")
+
+
+def _distance(v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """ULP distance (in ``dtype``, float32 if unsupported) from ``v`` to the nearer of ``lo``/``hi``."""
+    dtype = dtype if dtype in FORMATS else torch.float32
+    vo, lo_o, hi_o = round_to(v, dtype), round_to(lo, dtype), round_to(hi, dtype)
+    d_lo = ulp_distance(vo, lo_o).distance
+    d_hi = ulp_distance(vo, hi_o).distance
+    return torch.minimum(d_lo, d_hi)
+
+
+def judge(
+    program: Program,
+    inputs: Mapping[str, torch.Tensor],
+    output: torch.Tensor,
+    reference_output: torch.Tensor | None = None,
+    *,
+    hypotheses: bool = True,
+) -> Judgement:
+    """Verdict per element of one path's ``output`` of a site.
+
+    The reference semantics are replayed on ``inputs`` (this path's own recorded inputs) to get the
+    admissible set. Each element is then
+
+    - ``exact``: bitwise equal to ``reference_output``; without a reference output, inside the
+      admissible set (this is how to ask whether the reference is inside its own semantics);
+    - ``tie``: different from the reference but inside the admissible set;
+    - ``boundary``: outside, but inside the admissible set of some hypothesis;
+    - ``error``: explained by no hypothesis (``distance`` says how far, ``max_error_ulp`` the worst);
+    - ``nonfinite``: NaN/Inf in the output where the semantics are finite, or the reverse.
+
+    Args:
+        program: from :func:`capture_semantics`.
+        inputs: the judged path's inputs, named, shaped and typed as captured.
+        output: the path's output, the captured output shape, any floating dtype (compared by value).
+        reference_output: the reference path's output, same shape; optional.
+        hypotheses: try the hypotheses on out-of-set elements (else they are all ``error``).
+
+    Returns:
+        a :class:`Judgement`.
+
+    Raises:
+        TypeError, ValueError: inputs or outputs do not match the program (names, shapes, dtypes).
+        UnsupportedOpError: an op of the program cannot be replayed.
+    """
+    _check_output(program, output, "output")
+    if reference_output is not None:
+        _check_output(program, reference_output, "reference_output")
+    base = replay(program, inputs, track_point=True)
+    iv = output_interval(program, base)
+    lo, hi, pt = iv.lo, iv.hi, iv.pt
+    assert pt is not None
+    v = output.detach().to(device=lo.device, dtype=torch.float64)
+    in_set = ((v >= lo) & (v <= hi)) | (torch.isnan(v) & (torch.isnan(pt) | torch.isnan(lo) | torch.isnan(hi)))
+    nonfinite = ~in_set & (~torch.isfinite(v) | ~torch.isfinite(pt) | torch.isnan(lo) | torch.isnan(hi))
+    if reference_output is not None:
+        exact = _bitwise_equal(output.detach().to(lo.device), reference_output.detach().to(lo.device))
+    else:
+        exact = in_set
+    outside = ~in_set & ~nonfinite & ~exact
+    n_outside = int(outside.sum())
+
+    results: list[HypothesisResult] = []
+    explained_any = torch.zeros_like(outside)
+    if hypotheses:
+        for h in enumerate_hypotheses(program):
+            count = 0
+            if n_outside:
+                h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
+                hit = outside & (v >= h_iv.lo) & (v <= h_iv.hi)
+                explained_any |= hit
+                count = int(hit.sum())
+            results.append(HypothesisResult(h.kind, h.description, h.op, count))
+
+    verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
+    verdicts[explained_any] = BOUNDARY
+    verdicts[in_set & ~exact] = TIE
+    verdicts[nonfinite & ~exact] = NONFINITE
+    verdicts[exact] = EXACT
+    counts = {name: int((verdicts == k).sum()) for k, name in enumerate(VERDICTS)}
+
+    best = max(results, key=lambda r: r.explained, default=None)  # first of equals: the simplest
+    boundary = best.description if best is not None and best.explained > 0 else None
+    explained = best.explained / n_outside if boundary is not None and best is not None and n_outside else 0.0
+
+    out_dtype = program.output_value.dtype
+    distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
+    if n_outside:
+        d = _distance(v, lo, hi, out_dtype).clamp(min=1)
+        distance = torch.where(outside, d, distance)
+    distance = torch.where(nonfinite & ~exact, torch.full_like(distance, -1), distance)
+    errors = verdicts == ERROR
+    max_error = int(distance[errors].max()) if bool(errors.any()) else None
+    return Judgement(
+        verdicts=verdicts,
+        counts=counts,
+        boundary=boundary,
+        explained=explained,
+        hypotheses=results,
+        max_error_ulp=max_error,
+        lo=to_dtype(lo, out_dtype),
+        hi=to_dtype(hi, out_dtype),
+        point=to_dtype(pt, out_dtype),
+        distance=distance,
+        against_reference=reference_output is not None,
+        site=program.name,
+    )

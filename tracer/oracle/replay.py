@@ -1,0 +1,242 @@
+"""Replay a captured program: in float64 with intervals (the admissible set), or in its own dtypes.
+
+:func:`admissible` answers "which outputs could an honest implementation of the reference semantics
+produce from these inputs?" -- per element, every representable value of the output dtype between
+``lo`` and ``hi``. :func:`replay` is the engine behind it and behind the hypotheses of
+:mod:`ulptrace.oracle.hypotheses`, which replay the same program with one rounding decision changed
+(:class:`Mods`). :func:`emulate` runs the program with torch in its own dtypes, optionally with an
+explicit FP32 summation order for its sums and means, to show which order reproduces a result bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ulptrace.oracle import intervals as I
+from ulptrace.oracle.intervals import Iv
+from ulptrace.oracle.program import Program, ValueRef
+from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, rule_for
+from ulptrace.ulp import round_to
+
+Reducer = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Mods:
+    """Rounding decisions changed against the captured program.
+
+    Attributes:
+        keep_fp32: ops whose narrow (BF16/FP16) rounding is removed: their result stays FP32 (or better).
+        round_narrow: ops whose FP32 result is additionally rounded to the program's narrow dtype.
+        attention: ``{op index: stages}`` extra rounding stages inside fused attention ops.
+    """
+
+    keep_fp32: frozenset[int] = frozenset()
+    round_narrow: frozenset[int] = frozenset()
+    attention: Mapping[int, frozenset[str]] = field(default_factory=dict)
+
+    def first_op(self) -> int | None:
+        """The first op index the modification touches (replay can reuse everything before it)."""
+        touched = set(self.keep_fp32) | set(self.round_narrow) | set(self.attention)
+        return min(touched) if touched else None
+
+
+def _resolve(values: list[Iv | None], program: Program, op_index: int, a: Any) -> Any:
+    if isinstance(a, ValueRef):
+        iv = values[a.index]
+        if iv is None:
+            producer = program.values[a.index]
+            raise UnsupportedOpError(
+                f"{program.where(op_index)}: uses output {producer.output} of op {producer.op}, which the "
+                "replay does not compute")
+        return iv
+    return a
+
+
+def initial_values(program: Program, inputs: Mapping[str, torch.Tensor], track_point: bool = True) -> list[Iv | None]:
+    """Values before any op runs: inputs and constants as exact float64 points on the inputs' device.
+
+    Raises:
+        TypeError, ValueError: see :meth:`Program.check_inputs`.
+    """
+    program.check_inputs(inputs)
+    device = next(iter(inputs.values())).device
+    values: list[Iv | None] = [None] * len(program.values)
+    for name, index in program.inputs.items():
+        values[index] = I.point(inputs[name], track_point)
+    for value in program.values:
+        if value.kind == "constant":
+            values[value.index] = I.point(program.constants[value.name].to(device), track_point)
+    return values
+
+
+def replay(
+    program: Program,
+    inputs: Mapping[str, torch.Tensor],
+    mods: Mods | None = None,
+    *,
+    base: list[Iv | None] | None = None,
+    track_point: bool = True,
+) -> list[Iv | None]:
+    """Interval replay of every live op; returns the interval of every value (None where not computed).
+
+    Args:
+        program: from :func:`capture_semantics`.
+        inputs: the judged path's own tensors, named and shaped as captured.
+        mods: rounding decisions to change (a hypothesis); None replays the program as captured.
+        base: the values of an unmodified replay of the same inputs; ops before ``mods.first_op()`` are
+            then taken from it instead of recomputed.
+        track_point: also carry the exact-replay point value.
+
+    Raises:
+        TypeError, ValueError: inputs do not match the program.
+        UnsupportedOpError: an op (or one of its uses) cannot be replayed; names the op and its index.
+    """
+    mods = mods or Mods()
+    start = mods.first_op() if base is not None else None
+    if start is not None and base is not None:
+        values = list(base)
+        if not track_point:
+            values = [v if v is None else Iv(v.lo, v.hi, v.pt if not v.is_float else None) for v in values]
+    else:
+        values = initial_values(program, inputs, track_point)
+        start = 0
+    for op in program.ops:
+        if op.index < start or op.index not in program.live:
+            continue
+        where = program.where(op.index)
+        rule = rule_for(op.func, where)
+        args, kwargs = tree_map(lambda a: _resolve(values, program, op.index, a), (op.args, op.kwargs))
+        out_dtype = program.values[op.outputs[0]].dtype if op.outputs[0] is not None else torch.float32
+        compute = I.F64 if out_dtype == I.F64 else torch.float32
+        call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs,
+                    frozenset(mods.attention.get(op.index, ())), where)
+        result = rule.handler(call)
+        results = result if isinstance(result, tuple) else (result,)
+        for k, out_index in enumerate(op.outputs):
+            if out_index is None:
+                continue
+            iv = results[k] if k < len(results) else None
+            if iv is not None and rule.kind not in ("view", "select", "compare"):
+                iv = _round(program, op.index, out_index, iv, mods)
+            values[out_index] = iv
+    return values
+
+
+def _round(program: Program, op_index: int, value_index: int, iv: Iv, mods: Mods) -> Iv:
+    dtype = program.values[value_index].dtype
+    if not dtype.is_floating_point:
+        return iv
+    if op_index in mods.keep_fp32 and dtype in I.NARROW_DTYPES:
+        dtype = torch.float32
+    iv = I.round_iv(iv, dtype)
+    if op_index in mods.round_narrow and program.narrow_dtype is not None:
+        iv = I.round_iv(iv, program.narrow_dtype)
+    return iv
+
+
+def output_interval(program: Program, values: list[Iv | None]) -> Iv:
+    iv = values[program.output]
+    if iv is None:
+        raise UnsupportedOpError(f"{program.where()}: the output was not computed by the replay")
+    return iv
+
+
+def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 values (already representable) to ``dtype`` exactly."""
+    if dtype == I.F64 or not dtype.is_floating_point:
+        return x.to(dtype)
+    return round_to(x, dtype)
+
+
+def admissible(program: Program, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ends ``(lo, hi)`` of the admissible set of the program's output on these inputs.
+
+    Every representable value ``v`` of the output dtype with ``lo <= v <= hi`` is a result some honest
+    implementation of the reference semantics could produce.
+
+    Args:
+        program: from :func:`capture_semantics`.
+        inputs: name -> tensor, with the captured names, shapes and dtypes.
+
+    Returns:
+        ``(lo, hi)`` in the output's dtype and shape.
+
+    Raises:
+        TypeError, ValueError: inputs do not match the program.
+        UnsupportedOpError: an op cannot be replayed.
+    """
+    iv = output_interval(program, replay(program, inputs, track_point=False))
+    dtype = program.output_value.dtype
+    return to_dtype(iv.lo, dtype), to_dtype(iv.hi, dtype)
+
+
+def emulate(program: Program, inputs: Mapping[str, torch.Tensor], reducer: Reducer | None = None) -> torch.Tensor:
+    """Run the program with torch in its own dtypes (not float64) and return the output.
+
+    With ``reducer``, every ``sum``/``mean`` over a single dim of an FP32 tensor is computed as
+    ``reducer(x_f32, dim)`` (an FP32 sum over ``dim``, e.g. ``lambda x, d: reduce_fp32(x, tree, d)``); a
+    mean divides that sum by the length in FP32. Other accumulations (matmuls, softmax) stay torch's.
+
+    Args:
+        program: from :func:`capture_semantics`.
+        inputs: name -> tensor, with the captured names, shapes and dtypes.
+        reducer: optional explicit FP32 summation.
+
+    Returns:
+        the output tensor in the program's output dtype.
+
+    Raises:
+        TypeError, ValueError: inputs do not match, or the reducer returns a wrong shape or dtype.
+        UnsupportedOpError: a sum/mean over several dims with a reducer.
+    """
+    program.check_inputs(inputs)
+    device = next(iter(inputs.values())).device
+    values: list[Any] = [None] * len(program.values)
+    for name, index in program.inputs.items():
+        values[index] = inputs[name]
+    for value in program.values:
+        if value.kind == "constant":
+            values[value.index] = program.constants[value.name].to(device)
+    for op in program.ops:
+        if op.index not in program.live:
+            continue
+        args, kwargs = tree_map(lambda a: values[a.index] if isinstance(a, ValueRef) else a, (op.args, op.kwargs))
+        b = bind(op.func, args, kwargs) if op.name in ("sum", "mean") else {}
+        if reducer is not None and b and b["self"].dtype == torch.float32 and b.get("dtype") in (None, torch.float32):
+            out = _reduce(program, op.index, reducer, b)
+        else:
+            out = op.func(*args, **kwargs)
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        for k, out_index in enumerate(op.outputs):
+            if out_index is not None:
+                values[out_index] = results[k]
+    return values[program.output]
+
+
+def _reduce(program: Program, op_index: int, reducer: Reducer, b: dict[str, Any]) -> torch.Tensor:
+    x = b["self"]
+    dim = b.get("dim")
+    if dim is None or isinstance(dim, (list, tuple)) and len(dim) != 1:
+        raise UnsupportedOpError(f"{program.where(op_index)}: a reducer sums over one dim, but the op reduces "
+                                 f"over {dim}")
+    d = dim if isinstance(dim, int) else dim[0]
+    d = d % x.dim()
+    s = reducer(x, d)
+    if not isinstance(s, torch.Tensor) or s.dtype != torch.float32:
+        raise TypeError(f"reducer must return an FP32 tensor, but got {getattr(s, 'dtype', type(s).__name__)}")
+    kept = list(x.shape)
+    kept[d] = 1
+    dropped = kept[:d] + kept[d + 1:]
+    if list(s.shape) == dropped:
+        s = s.unsqueeze(d)
+    elif list(s.shape) != kept:
+        raise ValueError(f"reducer must return shape {dropped} (or {kept}), but got {list(s.shape)}")
+    if program.ops[op_index].name == "mean":
+        s = s / torch.tensor(float(x.shape[d]), dtype=torch.float32, device=s.device)
+    return s if b.get("keepdim") else s.squeeze(d)
