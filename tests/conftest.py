@@ -1,11 +1,25 @@
-"""Shared fixtures: a fixed seed for every test, and the one CUDA gate."""
+"""Shared test setup: a fixed seed for every test, and the one CUDA gate.
+
+GPU tests are marked ``@pytest.mark.gpu``; they are deselected by default (``pyproject.toml``'s
+addopts) and skipped with a reason when selected on a machine without CUDA. ``requires_cuda`` is the
+same marker, for readability at the test.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+requires_cuda = pytest.mark.gpu
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda
+
 from ulptrace.trees import (
     DEFAULT_TREES,
     KINDS,
@@ -407,7 +407,7 @@ def test_bad_matching_arguments_raise():
         trees_by_row({Tree.sequential(): torch.ones(2)})
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.gpu
 def test_cuda_tensors_give_the_cpu_bits():
     x = torch.from_numpy(heavy_rows(16, 777, seed=12))
@@ -465,7 +465,7 @@ torch::Tensor block_sum(torch::Tensor x, int64_t threads, int64_t vec, bool asc,
 """
 
 
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_blocked_tree_reproduces_a_real_cuda_block_reduction(tmp_path):

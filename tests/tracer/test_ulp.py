@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ulptrace.ulp import (
@@ -617,7 +617,7 @@ def test_histogram_rejects_bad_input() -> None:
 
 
 @pytest.mark.gpu
-@requires_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", SMALL, ids=ids)
 def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     x = all_patterns(dtype)
