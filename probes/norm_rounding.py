@@ -66,12 +66,20 @@ def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_row
     return {"rows": entries, "summary": _common(entries)}
 
 
+_KIND_RANK = {"torch_cpu": 0, "sequential": 1, "pairwise": 2, "numpy": 3, "blocked": 4}
+
+
+def _order_key(spec: str) -> tuple[int, int, str]:
+    """Simple, familiar orders first: torch CPU, sequential, pairwise, numpy, then CUDA blocks."""
+    return (_KIND_RANK.get(spec.split(":")[0], 9), len(spec), spec)
+
+
 def _common(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Trees that reproduce *every* examined row, per side."""
+    """Trees that reproduce *every* examined row, per side (simplest first)."""
     out = {}
     for side in ("reference", "candidate"):
         sets = [set(e[side]) for e in entries]
-        out[side] = sorted(set.intersection(*sets)) if sets else []
+        out[side] = sorted(set.intersection(*sets), key=_order_key) if sets else []
     return out
 
 
@@ -144,7 +152,7 @@ def _tree_sentence(data: dict[str, Any]) -> str:
     rows = sum(len(f["rows"]) for f in findings)
 
     def fmt(trees: set[str]) -> str:
-        shown = ", ".join(sorted(trees, key=len)[:3])
+        shown = ", ".join(sorted(trees, key=_order_key)[:3])
         return f"{len(trees)} order(s) ({shown}{', ...' if len(trees) > 3 else ''})" if trees else "no catalogued order"
 
     only_cand = cand - ref
@@ -194,8 +202,9 @@ def render(data: dict[str, Any]) -> str:
         for t in data["trees"][:12]:
             s = (t["findings"] or {}).get("summary")
             if s:
-                lines.append(f"  step {t['step']} {t['site']}: reference {', '.join(s['reference'][:3]) or 'none'}"
-                             f" | candidate {', '.join(s['candidate'][:3]) or 'none'}")
+                side = lambda k: (f"{len(s[k])} orders, e.g. {', '.join(s[k][:2])}" if s[k] else "none")  # noqa: E731
+                lines.append(f"  step {t['step']} {t['site']}: reference {side('reference')} | candidate "
+                             f"{side('candidate')}")
     lines += ["", "Conclusion: " + data["conclusion"]]
     return "\n".join(lines)
 
