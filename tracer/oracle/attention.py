@@ -31,7 +31,6 @@ import math
 from typing import Any
 
 import torch
-
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 

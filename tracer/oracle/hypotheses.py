@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.program import Program, dtype_word
 from ulptrace.oracle.replay import Mods
@@ -56,16 +55,16 @@ def _attention_hypotheses(program: Program, op_index: int) -> list[Hypothesis]:
     if op.attrs.get("attention") == "fp32":
         options += [
             (frozenset({"probs"}), f"attention probabilities rounded to {word} before P @ V {where}"),
-            (frozenset({"flash"}), f"unnormalised attention probabilities rounded to {word} before P @ V {where}, "
-                                   "as flash kernels do"),
+            (frozenset({"flash"}), (f"unnormalised attention probabilities rounded to {word} before P @ V "
+                                    f"{where}, as flash kernels do")),
             (frozenset({"scores"}), f"attention scores rounded to {word} before the softmax {where}"),
-            (frozenset({"scores", "probs"}), f"eager-style attention {where}: scores and probabilities rounded "
-                                             f"to {word}"),
+            (frozenset({"scores", "probs"}), (f"eager-style attention {where}: scores and probabilities "
+                                              f"rounded to {word}")),
         ]
     else:
         options += [
-            (frozenset({"scores"}), f"attention scores rounded to {word} before the softmax {where}, as HF's "
-                                    "eager path does"),
+            (frozenset({"scores"}), (f"attention scores rounded to {word} before the softmax {where}, "
+                                     "as HF's eager path does")),
         ]
     return [Hypothesis("attention", text, op_index, Mods(attention={op_index: stages})) for stages, text in options]
 

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
 from ulptrace.ulp import round_to
 
 U32 = 2.0**-24
@@ -266,7 +265,7 @@ def single_minimum(a: Iv, fn: Callable[[torch.Tensor], torch.Tensor], x_min: flo
     return Iv(low, high, pt)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def minimum_of(name: str, fn: Callable[[torch.Tensor], torch.Tensor], left: float, right: float) -> tuple[float, float]:
     """``(x_min, f_min)`` of a unimodal function on ``[left, right]`` by golden-section search in float64.
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
-
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.attention import ATTENTION_OPS, SEMANTICS, attention_terms
 from ulptrace.oracle.rules import RULES, UnsupportedOpError, bind, op_name, rule_for
@@ -535,7 +534,12 @@ def capture_semantics(
     site = f"site {name!r}" if name else "program"
     for op in builder.ops:
         if op.index in live:
-            rule_for(op.func, f"{site}, op {op.index}")
+            rule_for(op.func, f"{site}, op {op.index} ({op.func})")
+    used = {a.index for i in live for a in tree_flatten((builder.ops[i].args, builder.ops[i].kwargs))[0]
+            if isinstance(a, ValueRef)}
+    if not used & set(builder.inputs.values()):
+        raise ValueError("fn's output is not computed from its inputs (it depends on constants only); nothing "
+                         "to judge")
     out_dtype = builder.values[output].dtype
     narrow = out_dtype if out_dtype in I.NARROW_DTYPES else None
     for index in list(builder.inputs.values()) + [v.index for v in builder.values]:

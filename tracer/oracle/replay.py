@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
-
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 from ulptrace.oracle.program import Program, ValueRef
@@ -111,7 +110,7 @@ def replay(
             continue
         where = program.where(op.index)
         rule = rule_for(op.func, where)
-        args, kwargs = tree_map(lambda a: _resolve(values, program, op.index, a), (op.args, op.kwargs))
+        args, kwargs = tree_map(lambda a, i=op.index: _resolve(values, program, i, a), (op.args, op.kwargs))
         out_dtype = program.values[op.outputs[0]].dtype if op.outputs[0] is not None else torch.float32
         compute = I.F64 if out_dtype == I.F64 else torch.float32
         call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs,

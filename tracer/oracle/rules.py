@@ -32,7 +32,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_map
-
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.attention import ATTENTION_OPS, replay_attention
 from ulptrace.oracle.intervals import Iv
@@ -442,15 +441,15 @@ def rule_for(func: Any, where: str) -> Rule:
     """The replay rule of an aten overload.
 
     Raises:
-        UnsupportedOpError: the op has no rule; the message names it and ``where`` (site and op index).
+        UnsupportedOpError: the op has no rule; the message starts with ``where`` (site, op index and op).
     """
     name = op_name(func)
     rule = RULES.get(name)
     if rule is None or not func._schema.name.startswith("aten::"):
-        raise UnsupportedOpError(
-            f"{where}: {func} is not supported by the oracle replay (supported: {', '.join(sorted(RULES))})")
+        raise UnsupportedOpError(f"{where} is not supported by the oracle replay (the supported ops are listed "
+                                 "by ulptrace.oracle.supported_ops())")
     if name == "pow" and func._overloadname != "Tensor_Scalar":
-        raise UnsupportedOpError(f"{where}: {func} is not supported; only pow.Tensor_Scalar is")
+        raise UnsupportedOpError(f"{where} is not supported; of pow, only pow.Tensor_Scalar is")
     return rule
 
 

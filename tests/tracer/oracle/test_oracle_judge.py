@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, eager_attention_forward
-
 from ulptrace.oracle import VERDICTS, admissible, capture_semantics, judge
 
 BF16 = torch.bfloat16
@@ -98,8 +97,8 @@ def test_linear_outputs_are_admissible():
     with_bias, without = torch.nn.Linear(64, 48).to(BF16), torch.nn.Linear(64, 40, bias=False).to(BF16)
     x = randn(3, 7, 64)
     for lin in (with_bias, without):
-        program = capture_semantics(lambda x: lin(x), {"x": x}, constant_names=lin)
-        assert_admissible(program, {"x": x}, lin(x))
+        program = capture_semantics(lin, {"input": x}, constant_names=lin)
+        assert_admissible(program, {"input": x}, lin(x))
 
 
 # ---------------------------------------------------------------------------------------------- ties

@@ -1,0 +1,134 @@
+"""The rounding model of the interval replay, checked against hand-derived values and against real FP32
+evaluations in other orders."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from ulptrace.oracle import intervals as I
+from ulptrace.oracle.intervals import Iv
+
+F64 = torch.float64
+
+
+def iv(values, lo=None, hi=None) -> Iv:
+    x = torch.tensor(values, dtype=F64)
+    return Iv(x if lo is None else torch.tensor(lo, dtype=F64), x if hi is None else torch.tensor(hi, dtype=F64), x)
+
+
+def test_bf16_rounding_admits_the_double_rounding_through_fp32():
+    # 1 + 2**-8 is the midpoint between BF16's 1.0 and 1 + 2**-7. Just above it, a single RNE gives 1 + 2**-7,
+    # but an FP32 opmath result rounds onto the midpoint first and then ties to even, 1.0.
+    x = 1 + 2.0**-8 + 2.0**-30
+    r = I.round_iv(iv([x]), torch.bfloat16)
+    assert r.lo.item() == 1.0 and r.hi.item() == 1 + 2.0**-7
+    assert r.pt.item() == 1 + 2.0**-7
+    # away from a midpoint, the set is one value
+    r = I.round_iv(iv([1 + 2.0**-9]), torch.bfloat16)
+    assert r.lo.item() == r.hi.item() == 1.0
+
+
+def test_fp32_rounding_is_outward():
+    exact = I.round_iv(iv([1.5]), torch.float32)
+    assert exact.lo.item() == exact.hi.item() == 1.5 and exact.is_point
+    r = I.round_iv(iv([1 / 3]), torch.float32)
+    assert r.lo.item() == float.fromhex("0x1.555554p-2") and r.hi.item() == float.fromhex("0x1.555556p-2")
+    assert r.pt.item() == float.fromhex("0x1.555556p-2")  # RNE of 0x1.5555555...p-2
+
+
+def test_gamma_matches_its_definition():
+    u = 2.0**-24
+    assert I.gamma(1) == u / (1 - u) + 2.0**-52
+    assert I.gamma(0) == 0.0
+    assert I.unit_roundoff(torch.bfloat16) == 2.0**-8
+
+
+def test_any_fp32_summation_order_lies_inside_the_reduction_bound():
+    torch.manual_seed(1)
+    x = (torch.randn(64, 300) * torch.logspace(-3, 3, 300)).float()  # wide dynamic range: real rounding
+    bound = I.reduce_sum(I.point(x), [1], False, 299)
+    orders = [torch.arange(300), torch.arange(299, -1, -1)] + [torch.randperm(300) for _ in range(6)]
+    for order in orders:
+        acc = torch.zeros(64)
+        for j in order.tolist():
+            acc = acc + x[:, j]
+        s = acc.double()
+        assert bool(((bound.lo <= s) & (s <= bound.hi)).all())
+    pairwise = x
+    while pairwise.shape[1] > 1:
+        if pairwise.shape[1] % 2:
+            pairwise = torch.cat([pairwise, torch.zeros(64, 1)], 1)
+        pairwise = pairwise[:, 0::2] + pairwise[:, 1::2]
+    s = pairwise[:, 0].double()
+    assert bool(((bound.lo <= s) & (s <= bound.hi)).all())
+    assert bool((bound.lo < bound.hi).all())
+
+
+def test_bf16_matmul_lies_inside_the_matmul_interval():
+    a = torch.randn(16, 96).to(torch.bfloat16)
+    b = torch.randn(96, 24).to(torch.bfloat16)
+    m = I.round_iv(I.matmul(I.point(a), I.point(b), 96), torch.bfloat16)
+    for result in (a @ b, (a.float() @ b.float()).to(torch.bfloat16)):
+        r = result.double()
+        assert bool(((m.lo <= r) & (r <= m.hi)).all())
+
+
+def test_silu_interval_reaches_the_minimum():
+    x_min, f_min = I.minimum_of("silu-test", lambda t: t * torch.sigmoid(t), -4.0, 0.0)
+    # silu'(x) = 0 means sigmoid(x) = 1 + 1/x, hence silu(x*) = x* + 1; x* = -1.2784645427610738 (W(e^-1) + 1)
+    true_x = -1.2784645427610738
+    assert abs(x_min - true_x) < 1e-6
+    assert f_min <= true_x + 1 and (true_x + 1) - f_min < 1e-12
+    r = I.single_minimum(iv([0.0], lo=[-2.0], hi=[0.5]), lambda t: t * torch.sigmoid(t), x_min, f_min)
+    grid = torch.linspace(-2.0, 0.5, 100001, dtype=F64)
+    values = grid * torch.sigmoid(grid)
+    assert r.lo.item() <= values.min().item() and r.hi.item() >= values.max().item()
+    assert r.lo.item() > values.min().item() - 1e-9
+
+
+def test_fp32_transcendentals_lie_inside_their_slack():
+    x = torch.linspace(-30, 30, 20001, dtype=torch.float32)
+    checks = [
+        (torch.exp, I.monotone(I.point(x), torch.exp)),
+        (torch.sigmoid, I.monotone(I.point(x), torch.sigmoid)),
+        (torch.tanh, I.monotone(I.point(x), torch.tanh)),
+        (torch.nn.functional.silu, I.single_minimum(I.point(x), lambda t: t * torch.sigmoid(t),
+                                                    *I.minimum_of("silu", lambda t: t * torch.sigmoid(t), -4.0, 0.0))),
+        (torch.nn.functional.softplus, I.monotone(I.point(x), lambda t: torch.log1p(torch.exp(-t.abs())) + t.clamp(min=0))),
+    ]
+    for fn, exact in checks:
+        r = I.round_iv(I.approx_slack(exact, torch.float32), torch.float32)
+        y = fn(x).double()
+        assert bool(((r.lo <= y) & (y <= r.hi)).all()), fn
+    positive = torch.linspace(1e-6, 1e4, 20001, dtype=torch.float32)
+    r = I.round_iv(I.approx_slack(I.monotone(I.point(positive), torch.rsqrt, increasing=False), torch.float32),
+                   torch.float32)
+    y = torch.rsqrt(positive).double()
+    assert bool(((r.lo <= y) & (y <= r.hi)).all())
+
+
+def test_softmax_interval_contains_fp32_softmax_of_perturbed_inputs():
+    torch.manual_seed(2)
+    scores = torch.randn(8, 50, dtype=F64) * 4
+    width = torch.rand(8, 50, dtype=F64) * 1e-3
+    s = I.softmax(Iv(scores - width, scores + width, scores), -1, torch.float32)
+    for _ in range(20):
+        inside = scores + (torch.rand(8, 50, dtype=F64) * 2 - 1) * width
+        p = torch.softmax(inside.float(), -1).double()
+        assert bool(((s.lo <= p) & (p <= s.hi)).all())
+    masked = scores.clone()
+    masked[:, :10] = -math.inf
+    m = I.softmax(I.point(masked), -1, torch.float32)
+    assert bool((m.lo[:, :10] == 0).all() and (m.hi[:, :10] == 0).all())
+
+
+def test_interval_products_take_all_corners():
+    a = Iv(torch.tensor([-2.0, 1.0], dtype=F64), torch.tensor([3.0, 2.0], dtype=F64), None)
+    b = Iv(torch.tensor([-5.0, -1.0], dtype=F64), torch.tensor([4.0, 3.0], dtype=F64), None)
+    p = I.mul(a, b)
+    assert p.lo.tolist() == [-15.0, -2.0] and p.hi.tolist() == [12.0, 6.0]
+    sq = I.square(a)
+    assert sq.lo.tolist() == [0.0, 1.0] and sq.hi.tolist() == [9.0, 4.0]
+    r = I.reciprocal(a)
+    assert r.lo[0].item() == -math.inf and r.hi[0].item() == math.inf and r.lo[1].item() == 0.5
