@@ -93,6 +93,14 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
     """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
     ref, cand = reference.out, candidate.out
+    note = None
+    if ref.shape == cand.shape and ref.dtype != cand.dtype and ref.is_floating_point() and cand.is_floating_point():
+        # e.g. a kernel that emits the GDN decay gate in BF16 where HF keeps FP32: compare (and judge) in the
+        # reference's dtype, and say so; a narrower candidate converts exactly.
+        note = (f"candidate stores {str(cand.dtype).removeprefix('torch.')}, reference "
+                f"{str(ref.dtype).removeprefix('torch.')}: compared in the reference's dtype")
+        cand = cand.to(ref.dtype)
+        candidate = Record(candidate.site, candidate.step, candidate.kind, candidate.layer, cand, candidate.inputs)
     if ref.shape != cand.shape or ref.dtype != cand.dtype:
         return {
             "site": reference.site, "step": reference.step,
@@ -113,12 +121,14 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
         site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
         elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
         bitwise_equal=_bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
-        shape=list(ref.shape), input_delta=inputs,
+        shape=list(ref.shape), input_delta=inputs, note=note,
     )
     if judge is not None:
         judged = judge(reference, candidate)
         if judged:
             for key, value in judged.items():
+                if key == "note" and diff.note:
+                    value = f"{diff.note}; {value}"
                 setattr(diff, key, value)
     return diff
 

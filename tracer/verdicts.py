@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ulptrace.sites import Site, site_table
+from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 
 VERDICTS = ("exact", "tie", "boundary", "error", "nonfinite")
@@ -57,7 +57,10 @@ class OracleJudge:
         key = (site.name,) + tuple((r, tuple(t.shape), t.dtype) for r, t in sorted(inputs.items()))
         if key not in self._programs:
             assert site.formula is not None
-            self._programs[key] = capture_semantics(site.formula(self.model), inputs)
+            # name parameters as a kernel engineer reads them: relative to the layer ("linear_attn.A_log")
+            scope = decoder_layers(self.model)[site.layer] if site.layer is not None else self.model
+            self._programs[key] = capture_semantics(site.formula(self.model), inputs, constant_names=scope,
+                                                    name=site.name)
         return self._programs[key]
 
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
