@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-
 from ulptrace.kernels.gated_rms_norm import gated_rms_norm
 from ulptrace.kernels.glu import glu
 from ulptrace.kernels.rms_norm import add_rms_norm
@@ -96,7 +96,7 @@ class KernelGatedRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, mode={self.mode}, backend={self.backend}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(cls: type) -> inspect.Signature:
     return inspect.signature(cls.forward)
 
@@ -133,7 +133,7 @@ def _mix(layer: nn.Module, family: str, h: torch.Tensor, named: dict[str, Any]) 
     return out[0] if isinstance(out, tuple) else out
 
 
-def layer_forward(family: str):  # noqa: ANN201 - returns a method body
+def layer_forward(family: str) -> Callable[..., torch.Tensor]:
     """A decoder layer forward for ``family`` that fuses the post-attention residual add into the norm."""
 
     def forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -148,7 +148,7 @@ def layer_forward(family: str):  # noqa: ANN201 - returns a method body
     return forward
 
 
-def mlp_forward(mode: str, backend: str):  # noqa: ANN201 - returns a method body
+def mlp_forward(mode: str, backend: str) -> Callable[..., torch.Tensor]:
     """An MLP forward computing ``down_proj(glu(gate_proj(x), up_proj(x)))`` with the GLU kernel."""
 
     def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,6 @@ the torch ops of the semantics (for ``eager``: bitwise HF's ``eager_attention_fo
 from __future__ import annotations
 
 import torch
-
 from ulptrace.kernels import _common as c
 
 SEMANTICS = ("eager", "sdpa")

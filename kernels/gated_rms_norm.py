@@ -15,7 +15,6 @@ with ``order="kernel"`` and torch's ``mean`` with ``order="hf"``, as in :mod:`.r
 from __future__ import annotations
 
 import torch
-
 from ulptrace.kernels import _common as c
 from ulptrace.kernels.glu import silu_fp32
 from ulptrace.kernels.rms_norm import mean_sq_fp32, rstd_fp32

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from ulptrace.kernels import _common as c
 
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from ulptrace.kernels import _build, _common as c
+from ulptrace.kernels import _build
+from ulptrace.kernels import _common as c
 from ulptrace.kernels._patches import (
     GATED_NORMS,
     LAYER_FAMILIES,
@@ -100,7 +100,7 @@ class Injection:
             del _ACTIVE[model]
         self.active = False
 
-    def __enter__(self) -> Injection:
+    def __enter__(self) -> Injection:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -291,7 +291,6 @@ def _decode_valid(mask: Any, batch: int, length: int) -> tuple[bool, torch.Tenso
 
 def _apply_decode_attention(model: nn.Module, inj: Injection) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from ulptrace.taps import tap
 
     modules = [(p, m.self_attn) for p, m in model.named_modules()

@@ -30,7 +30,6 @@ square root — and reproduces the kernel bit for bit on any device.
 from __future__ import annotations
 
 import torch
-
 from ulptrace.kernels import _common as c
 
 VARIANTS_NAMES = ("llama", "zero_centred")
