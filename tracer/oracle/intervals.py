@@ -112,16 +112,39 @@ def make(lo: torch.Tensor, hi: torch.Tensor, pt: torch.Tensor | None) -> Iv:
 # ---------------------------------------------------------------------------------------------- rounding
 
 
+def _toward(y: torch.Tensor, target: float) -> torch.Tensor:
+    return torch.nextafter(y, torch.tensor(target, dtype=y.dtype, device=y.device).expand_as(y))
+
+
 def _down32(x: torch.Tensor) -> torch.Tensor:
+    """Largest FP32 value <= x (as float32)."""
     y = x.to(torch.float32)
-    y = torch.where(y.to(F64) > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
-    return y
+    return torch.where(y.to(F64) > x, _toward(y, -math.inf), y)
 
 
 def _up32(x: torch.Tensor) -> torch.Tensor:
+    """Smallest FP32 value >= x (as float32)."""
     y = x.to(torch.float32)
-    y = torch.where(y.to(F64) < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
-    return y
+    return torch.where(y.to(F64) < x, _toward(y, math.inf), y)
+
+
+def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One round-to-nearest-even of float64 ``x`` to ``dtype`` (float32, BF16, FP16 or FP8), as float64.
+
+    For BF16/FP16 this rounds to FP32 *to odd* first (truncate, then set the last bit if inexact), after
+    which torch's FP32 -> narrow cast is exactly the single RNE (FP32 keeps more than two extra bits).
+    FP8 goes through :func:`ulptrace.ulp.round_to`.
+    """
+    if dtype == torch.float32:
+        return x.to(torch.float32).to(F64)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return round_to(x, dtype).to(F64)
+    y = x.to(torch.float32)
+    y = torch.where(y.to(F64).abs() > x.abs(), _toward(y, 0.0), y)  # toward zero
+    inexact = (y.to(F64) != x) & torch.isfinite(x)
+    bits = y.view(torch.int32)
+    y = torch.where(inexact, (bits | 1).view(torch.float32), y)
+    return y.to(dtype).to(F64)
 
 
 def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
@@ -145,7 +168,7 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
     cast = (lambda t: t.to(dtype)) if dtype in (torch.bfloat16, torch.float16) else (lambda t: round_to(t, dtype))
     lo = cast(_down32(iv.lo)).to(F64)
     hi = cast(_up32(iv.hi)).to(F64)
-    pt = None if iv.pt is None else round_to(iv.pt, dtype).to(F64)
+    pt = None if iv.pt is None else rne(iv.pt, dtype)
     if iv.is_point and bool(torch.equal(lo, hi)):
         return Iv(lo, lo, pt)
     return Iv(lo, hi, pt)

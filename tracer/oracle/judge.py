@@ -197,7 +197,8 @@ def judge(
     verdicts[in_set & ~exact] = TIE
     verdicts[nonfinite & ~exact] = NONFINITE
     verdicts[exact] = EXACT
-    counts = {name: int((verdicts == k).sum()) for k, name in enumerate(VERDICTS)}
+    tally = torch.bincount(verdicts.flatten().long(), minlength=len(VERDICTS)).tolist()
+    counts = {name: int(tally[k]) for k, name in enumerate(VERDICTS)}
 
     best = max(results, key=lambda r: r.explained, default=None)  # first of equals: the simplest
     boundary = best.description if best is not None and best.explained > 0 else None

@@ -20,7 +20,6 @@ from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 from ulptrace.oracle.program import Program, ValueRef
 from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, rule_for
-from ulptrace.ulp import round_to
 
 Reducer = Callable[[torch.Tensor, int], torch.Tensor]
 
@@ -147,10 +146,9 @@ def output_interval(program: Program, values: list[Iv | None]) -> Iv:
 
 
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 values (already representable) to ``dtype`` exactly."""
-    if dtype == I.F64 or not dtype.is_floating_point:
-        return x.to(dtype)
-    return round_to(x, dtype)
+    """float64 values that are representable in ``dtype`` (interval ends, exact replays) to ``dtype``;
+    any cast is exact for them."""
+    return x.to(dtype)
 
 
 def admissible(program: Program, inputs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

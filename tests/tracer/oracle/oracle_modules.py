@@ -1,8 +1,10 @@
-"""Shared pieces for the oracle tests: real HF modules with realistic (non-init) parameters."""
+"""Shared pieces for the oracle tests: real HF modules with realistic (non-init) parameters.
+
+Plain factories (no conftest: ``tests/conftest.py`` is imported by name elsewhere).
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5RMSNormGated
@@ -10,23 +12,20 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5
 BF16 = torch.bfloat16
 
 
-@pytest.fixture
-def qwen_norm() -> Qwen3_5RMSNorm:
+def make_qwen_norm() -> Qwen3_5RMSNorm:
     """Zero-centred Qwen3.5 norm, weight ~ normal(0, 0.1) (the init would be all zeros)."""
     norm = Qwen3_5RMSNorm(64, eps=1e-6)
     torch.nn.init.normal_(norm.weight, 0.0, 0.1)
     return norm.to(BF16)
 
 
-@pytest.fixture
-def gated_norm() -> Qwen3_5RMSNormGated:
+def make_gated_norm() -> Qwen3_5RMSNormGated:
     norm = Qwen3_5RMSNormGated(64, eps=1e-6)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     return norm.to(BF16)
 
 
-@pytest.fixture
-def llama_norm() -> LlamaRMSNorm:
+def make_llama_norm() -> LlamaRMSNorm:
     norm = LlamaRMSNorm(64, eps=1e-5)
     torch.nn.init.normal_(norm.weight, 1.0, 0.1)
     return norm.to(BF16)
@@ -41,8 +40,7 @@ class GDNGates(torch.nn.Module):
         self.dt_bias = torch.nn.Parameter(torch.randn(heads) * 0.5 + 1.0)
 
 
-@pytest.fixture
-def gates() -> GDNGates:
+def make_gates() -> GDNGates:
     return GDNGates(8).to(BF16)
 
 
@@ -55,7 +53,6 @@ class AttentionHolder(torch.nn.Module):
         self.is_causal = True
 
 
-@pytest.fixture
-def attention_module() -> AttentionHolder:
+def make_attention_module() -> AttentionHolder:
     """An attention stand-in with two query heads per key/value head, in eval mode."""
     return AttentionHolder(2).eval()

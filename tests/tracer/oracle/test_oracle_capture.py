@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracle_modules import make_gated_norm, make_qwen_norm
 from ulptrace.oracle import UnsupportedOpError, capture_semantics, judge, supported_ops
 
 BF16 = torch.bfloat16
@@ -14,7 +15,8 @@ def randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(BF16)
 
 
-def test_gated_norm_listing_shows_the_bf16_rounding_after_normalisation(gated_norm):
+def test_gated_norm_listing_shows_the_bf16_rounding_after_normalisation():
+    gated_norm = make_gated_norm()
     x, gate = randn(4, 64), randn(4, 64)
     program = capture_semantics(lambda x, gate: gated_norm(x, gate), {"x": x, "gate": gate},
                                 constant_names=gated_norm, name="layers.0.linear_attn.norm")
@@ -45,7 +47,8 @@ def test_views_and_upcasts_are_not_rounding_points():
     assert rounding == ["mul", "_to_copy"]
 
 
-def test_constants_are_named_from_a_module_a_dict_or_anonymously(qwen_norm):
+def test_constants_are_named_from_a_module_a_dict_or_anonymously():
+    qwen_norm = make_qwen_norm()
     x = randn(2, 64)
     by_module = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     by_dict = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names={"scale": qwen_norm.weight})
@@ -59,7 +62,8 @@ def test_constants_are_named_from_a_module_a_dict_or_anonymously(qwen_norm):
         assert stored.data_ptr() != qwen_norm.weight.data_ptr()  # a copy: later changes do not leak in
 
 
-def test_constants_come_from_the_reference_not_the_judged_path(qwen_norm):
+def test_constants_come_from_the_reference_not_the_judged_path():
+    qwen_norm = make_qwen_norm()
     x = randn(4, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     reference = qwen_norm(x)
@@ -108,7 +112,8 @@ def test_output_must_depend_on_the_inputs():
         capture_semantics(lambda x: x, {"x": randn(4)})
 
 
-def test_bad_arguments_are_rejected(qwen_norm):
+def test_bad_arguments_are_rejected():
+    qwen_norm = make_qwen_norm()
     x = randn(2, 64)
     with pytest.raises(TypeError, match="inputs must be a non-empty dict of tensors, but got list"):
         capture_semantics(lambda x: qwen_norm(x), [x])

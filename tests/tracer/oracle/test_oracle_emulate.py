@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracle_modules import make_gated_norm, make_llama_norm, make_qwen_norm
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
 from ulptrace.oracle import capture_semantics, emulate
 from ulptrace.trees import reduce_fp32
@@ -15,7 +16,10 @@ def randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(BF16)
 
 
-def test_emulate_reproduces_hf_norms_bit_for_bit(qwen_norm, gated_norm, llama_norm):
+def test_emulate_reproduces_hf_norms_bit_for_bit():
+    qwen_norm = make_qwen_norm()
+    gated_norm = make_gated_norm()
+    llama_norm = make_llama_norm()
     x, gate = randn(8, 64), randn(8, 64)
     for module, fn, inputs in [
         (qwen_norm, lambda x: qwen_norm(x), {"x": x}),
@@ -66,7 +70,8 @@ def test_emulate_with_a_declared_tree():
     assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
 
 
-def test_reducer_contract_is_checked(qwen_norm):
+def test_reducer_contract_is_checked():
+    qwen_norm = make_qwen_norm()
     x = randn(4, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     keepdim = emulate(program, {"x": x}, reducer=lambda t, d: t.sum(d, keepdim=True))

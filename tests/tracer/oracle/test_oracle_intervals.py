@@ -8,6 +8,7 @@ import math
 import torch
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
+from ulptrace.ulp import round_to
 
 F64 = torch.float64
 
@@ -132,3 +133,19 @@ def test_interval_products_take_all_corners():
     assert sq.lo.tolist() == [0.0, 1.0] and sq.hi.tolist() == [9.0, 4.0]
     r = I.reciprocal(a)
     assert r.lo[0].item() == -math.inf and r.hi[0].item() == math.inf and r.lo[1].item() == 0.5
+
+
+def test_rne_is_one_rounding_from_float64():
+    torch.manual_seed(3)
+    # random float64 bit patterns over a wide range, plus values just off BF16/FP16 midpoints
+    x = torch.randn(200_000, dtype=F64) * torch.exp2(torch.randint(-140, 120, (200_000,)).to(F64))
+    mid = torch.tensor([1 + 2.0**-8 + 2.0**-30, 1 + 2.0**-8 - 2.0**-30, 1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-8)],
+                       dtype=F64)
+    x = torch.cat([x, mid])
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        expected = round_to(x, dtype).to(F64)
+        got = I.rne(x, dtype)
+        same = (got == expected) | (torch.isnan(got) & torch.isnan(expected))
+        assert bool(same.all()), dtype
+    assert I.rne(mid[:1], torch.bfloat16).item() == 1 + 2.0**-7
+    assert I.rne(mid[1:2], torch.bfloat16).item() == 1.0

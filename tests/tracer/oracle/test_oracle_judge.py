@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle_modules import make_attention_module, make_gated_norm, make_gates, make_llama_norm, make_qwen_norm
 from transformers.activations import ACT2FN
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, eager_attention_forward
@@ -38,19 +39,22 @@ def best(judgement):
 # ---------------------------------------------------------------------------------------------- HF is admissible
 
 
-def test_qwen_norm_output_is_admissible(qwen_norm):
+def test_qwen_norm_output_is_admissible():
+    qwen_norm = make_qwen_norm()
     x = randn(16, 64, scale=3.0)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     assert_admissible(program, {"x": x}, qwen_norm(x))
 
 
-def test_gated_norm_output_is_admissible(gated_norm):
+def test_gated_norm_output_is_admissible():
+    gated_norm = make_gated_norm()
     x, gate = randn(16, 64), randn(16, 64, scale=2.0)
     program = capture_semantics(lambda x, gate: gated_norm(x, gate), {"x": x, "gate": gate}, constant_names=gated_norm)
     assert_admissible(program, {"x": x, "gate": gate}, gated_norm(x, gate))
 
 
-def test_llama_norm_output_is_admissible(llama_norm):
+def test_llama_norm_output_is_admissible():
+    llama_norm = make_llama_norm()
     x = randn(16, 64)
     program = capture_semantics(lambda x: llama_norm(x), {"x": x}, constant_names=llama_norm)
     assert_admissible(program, {"x": x}, llama_norm(x))
@@ -63,7 +67,8 @@ def test_glu_output_is_admissible():
     assert_admissible(program, {"gate": gate, "up": up}, act(gate) * up)
 
 
-def test_gdn_gates_are_admissible(gates):
+def test_gdn_gates_are_admissible():
+    gates = make_gates()
     a, b = randn(4, 8, scale=3.0), randn(4, 8, scale=3.0)
 
     def g_formula(a):
@@ -76,7 +81,8 @@ def test_gdn_gates_are_admissible(gates):
     assert_admissible(beta, {"b": b}, b.sigmoid())
 
 
-def test_eager_and_sdpa_attention_are_admissible(attention_module):
+def test_eager_and_sdpa_attention_are_admissible():
+    attention_module = make_attention_module()
     q, k, v = randn(1, 4, 12, 32), randn(1, 2, 12, 32), randn(1, 2, 12, 32)
     mask = torch.zeros(1, 1, 12, 12).masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), float("-inf")).to(BF16)
     inputs = {"query": q, "key": k, "value": v}
@@ -147,7 +153,8 @@ def test_other_summation_order_is_a_tie(order):
 # ---------------------------------------------------------------------------------------------- boundaries
 
 
-def test_residual_add_not_rounded_before_norm_is_a_boundary(qwen_norm):
+def test_residual_add_not_rounded_before_norm_is_a_boundary():
+    qwen_norm = make_qwen_norm()
     residual, delta = randn(16, 64, scale=4.0), randn(16, 64)
     program = capture_semantics(lambda residual, delta: qwen_norm(residual + delta),
                                 {"residual": residual, "delta": delta}, constant_names=qwen_norm)
@@ -159,7 +166,8 @@ def test_residual_add_not_rounded_before_norm_is_a_boundary(qwen_norm):
     assert best(j).op == 0 and best(j).kind == "missing" and j.explained == 1.0
 
 
-def test_one_plus_weight_formed_in_bf16_is_a_boundary(qwen_norm):
+def test_one_plus_weight_formed_in_bf16_is_a_boundary():
+    qwen_norm = make_qwen_norm()
     x = randn(32, 64, scale=2.0)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     assert not torch.equal((1 + qwen_norm.weight).float(), 1.0 + qwen_norm.weight.float()), "weights must matter"
@@ -183,7 +191,8 @@ def test_glu_rounded_once_is_a_boundary():
     assert j.boundary == "the BF16 rounding of `silu(gate)` (op 0) is missing" and j.explained == 1.0
 
 
-def test_gated_norm_fully_fused_is_a_boundary(gated_norm):
+def test_gated_norm_fully_fused_is_a_boundary():
+    gated_norm = make_gated_norm()
     x, gate = randn(32, 64), randn(32, 64, scale=2.0)
     program = capture_semantics(lambda x, gate: gated_norm(x, gate), {"x": x, "gate": gate}, constant_names=gated_norm)
     xf = x.float()
@@ -194,7 +203,8 @@ def test_gated_norm_fully_fused_is_a_boundary(gated_norm):
     assert j.boundary == "all intermediates fused into one final rounding" and j.explained == 1.0
 
 
-def test_gdn_g_emitted_in_bf16_is_a_boundary(gates):
+def test_gdn_g_emitted_in_bf16_is_a_boundary():
+    gates = make_gates()
     a = randn(64, 8, scale=3.0)
 
     def g_formula(a):
@@ -223,7 +233,8 @@ def _sdpa(query, key, value):
     return F.scaled_dot_product_attention(query, key, value, scale=0.25, enable_gqa=True).transpose(1, 2)
 
 
-def test_eager_attention_against_strict_sdpa_is_the_probability_rounding(attention_module):
+def test_eager_attention_against_strict_sdpa_is_the_probability_rounding():
+    attention_module = make_attention_module()
     inputs, eager = _integer_attention(attention_module)
     program = capture_semantics(_sdpa, inputs, attention="fp32")
     j = judge(program, inputs, eager, _sdpa(**inputs))
@@ -232,14 +243,16 @@ def test_eager_attention_against_strict_sdpa_is_the_probability_rounding(attenti
     assert j.boundary.startswith("attention probabilities rounded to BF16 before P @ V")
 
 
-def test_eager_attention_against_flash_sdpa_is_a_tie(attention_module):
+def test_eager_attention_against_flash_sdpa_is_a_tie():
+    attention_module = make_attention_module()
     inputs, eager = _integer_attention(attention_module)
     j = judge(capture_semantics(_sdpa, inputs), inputs, eager, _sdpa(**inputs))
     assert j.counts["tie"] > 0
     assert j.counts["boundary"] == j.counts["error"] == j.counts["nonfinite"] == 0
 
 
-def test_eager_scores_against_flash_sdpa_are_named(attention_module):
+def test_eager_scores_against_flash_sdpa_are_named():
+    attention_module = make_attention_module()
     q, k, v = randn(1, 4, 24, 32), randn(1, 2, 40, 32), randn(1, 2, 40, 32)
     inputs = {"query": q, "key": k, "value": v}
     eager = eager_attention_forward(attention_module, q, k, v, None, scaling=32**-0.5)[0]
@@ -256,7 +269,8 @@ def test_eager_scores_against_flash_sdpa_are_named(attention_module):
 # ---------------------------------------------------------------------------------------------- errors
 
 
-def test_wrong_eps_is_an_error(qwen_norm):
+def test_wrong_eps_is_an_error():
+    qwen_norm = make_qwen_norm()
     x = randn(16, 64, scale=0.01)  # variance ~1e-4, so eps=1e-2 dominates
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     wrong = Qwen3_5RMSNorm(64, eps=1e-2).to(BF16)
@@ -267,7 +281,8 @@ def test_wrong_eps_is_an_error(qwen_norm):
     assert bool((j.distance[errors] > 0).all())
 
 
-def test_wrong_weight_is_an_error(qwen_norm):
+def test_wrong_weight_is_an_error():
+    qwen_norm = make_qwen_norm()
     x = randn(16, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     stale = Qwen3_5RMSNorm(64).to(BF16)
@@ -285,7 +300,8 @@ def test_transposed_weight_stride_is_an_error():
     assert j.counts["error"] > x.numel() // 2 and j.max_error_ulp > 16
 
 
-def test_nan_is_nonfinite(qwen_norm):
+def test_nan_is_nonfinite():
+    qwen_norm = make_qwen_norm()
     x = randn(4, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     reference = qwen_norm(x)
@@ -298,7 +314,8 @@ def test_nan_is_nonfinite(qwen_norm):
     assert j.worst == "nonfinite"
 
 
-def test_judgement_fields(qwen_norm):
+def test_judgement_fields():
+    qwen_norm = make_qwen_norm()
     x = randn(4, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     j = judge(program, {"x": x}, qwen_norm(x), hypotheses=False)
@@ -313,7 +330,8 @@ def test_judgement_fields(qwen_norm):
 # ---------------------------------------------------------------------------------------------- bad input
 
 
-def test_mismatched_inputs_and_outputs_are_rejected(qwen_norm):
+def test_mismatched_inputs_and_outputs_are_rejected():
+    qwen_norm = make_qwen_norm()
     x = randn(4, 64)
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     with pytest.raises(ValueError, match=r"shape \(4, 64\) as captured, but got \(5, 64\)"):
