@@ -32,7 +32,7 @@ def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_row
     Returns ``{"rows": [{"row": r, "reference": [specs], "candidate": [specs]}], "summary": {...}}``
     or None when the site has no semantics or no differing rows.
     """
-    from ulptrace.compare import bits
+    from ulptrace.comparison import bits
     from ulptrace.oracle import emulate
     from ulptrace.trees import reduce_fp32
 
@@ -165,7 +165,7 @@ def _tree_sentence(data: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     """Record both paths (norm sites only), judge, analyse trees; returns the JSON report."""
-    from ulptrace.compare import compare
+    from ulptrace.comparison import compare
     from ulptrace.probes.onset import RunConfig, record_pair
     from ulptrace.trees import DEFAULT_TREES, Tree
     from ulptrace.verdicts import OracleJudge

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ulptrace.compare import Comparison, StreamingComparator, _bitwise_equal
+from ulptrace.comparison import Comparison, StreamingComparator, _bitwise_equal
 from ulptrace.models import DEFAULT_MODEL, build_model
 from ulptrace.paths import apply_path, resolve_path
 from ulptrace.record import Recorder

@@ -121,7 +121,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ulptrace.compare import compare
+    from ulptrace.comparison import compare
     from ulptrace.report import to_table
     from ulptrace.trace import LazyTrace
 

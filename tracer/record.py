@@ -11,7 +11,7 @@ Sinks decide what is kept:
 
 - ``MemorySink`` keeps every record (the trace in memory; simplest, costs all activations);
 - ``ulptrace.trace.TraceWriter`` writes a shard per step to disk (memory: one step);
-- ``ulptrace.compare.StreamingComparator`` compares each record against a reference on the fly
+- ``ulptrace.comparison.StreamingComparator`` compares each record against a reference on the fly
   and keeps only statistics (memory: one step of the reference and the current step's inputs).
 
 Observation never changes numerics: hooks only read (tensors are cloned), and

@@ -24,7 +24,7 @@ _CALL_SUFFIX = re.compile(r"#\d+$")
 
 
 def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from ulptrace.compare import _bitwise_equal
+    from ulptrace.comparison import _bitwise_equal
 
     return a.shape == b.shape and a.dtype == b.dtype and _bitwise_equal(a, b)
 

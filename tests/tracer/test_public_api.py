@@ -45,3 +45,18 @@ def test_no_top_level_tracer_probes_or_kernels_package() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert done.stdout.strip() == "[]"
+
+
+def test_public_names_are_not_shadowed_by_submodules() -> None:
+    """Importing every submodule must not replace a public function by a module of the same name."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(ulptrace.__path__, "ulptrace."):
+        if info.name.startswith("ulptrace.kernels") or info.name == "ulptrace.__main__":
+            continue
+        importlib.import_module(info.name)
+    import types
+
+    for name in ulptrace.__all__:
+        assert not isinstance(getattr(ulptrace, name), types.ModuleType), name

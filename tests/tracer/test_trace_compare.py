@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from ulptrace.compare import StreamingComparator, compare
+from ulptrace.comparison import StreamingComparator, compare
 from ulptrace.faults import inject_fault
 from ulptrace.models import build_model
 from ulptrace.probes.onset import RunConfig, greedy, make_prompts, run_onset
