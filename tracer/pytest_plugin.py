@@ -9,6 +9,8 @@ sides' traces on disk to re-run ``ulptrace compare`` on. This plugin provides:
 - the fixture ``ulptrace_budget`` (the ``--ulptrace-max-ulp`` default budget, 0 unless given);
 - the fixture ``ulptrace_traces`` (a :class:`TraceSaver`: ``save(reference, candidate, label=...)``
   writes both traces under ``--ulptrace-save-dir`` and remembers the ``ulptrace compare`` command);
+- the fixture ``ulptrace_parity`` (records a model run on the reference and on a candidate path, judges
+  every site with the oracle and fails naming the onset, saving both traces through ``ulptrace_traces``);
 - an ``ulptrace`` section in the terminal summary listing failed :func:`ulptrace.assert_ulp_close`
   calls and, for failed tests, the saved traces with their re-run commands.
 
@@ -201,6 +203,20 @@ def ulptrace_traces(request: pytest.FixtureRequest) -> TraceSaver:
     state = config.stash.get(_STATE, None)
     record = state.saved.append if state is not None else (lambda saved: None)
     return TraceSaver(save_dir, request.node.nodeid, record)
+
+
+@pytest.fixture
+def ulptrace_parity(ulptrace_traces: TraceSaver) -> Callable[..., Any]:
+    """``ulptrace_parity(model, candidate_path, run, allow=())``: record ``run(model)`` on the model and on a
+    copy with ``candidate_path`` applied, judge every site with the oracle, and fail naming the onset; on
+    failure both traces go to ``--ulptrace-save-dir`` (see :func:`ulptrace.parity.check_parity`)."""
+    from ulptrace.parity import check_parity  # torch-heavy: imported only when the fixture is used
+
+    def check(model: Any, candidate_path: str, run: Callable[[Any], Any], **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        return check_parity(model, candidate_path, run, saver=ulptrace_traces, **kwargs)
+
+    return check
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
