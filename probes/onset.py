@@ -133,7 +133,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
                 with Recorder(cand_model, sites=_selected_sites(cand_model, cfg), steps=steps, sink=sink,
                               path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
                     cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens)
-                sink.result.candidate = crec.metadata
+                sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
                 comparison = sink.finish()
         comparison.observation = info.get("observation")
         info["reference_tokens"] = ref_tokens.tolist()
@@ -184,6 +184,7 @@ def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
         with Recorder(cand_model, sites=_selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
                       metadata={**meta, "path_info": cand_applied.info}) as cand_rec:
             cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens)
+        cand_rec.trace.metadata["path_info"] = cand_applied.info
     flips = (ref_tokens != cand_tokens).nonzero().tolist()
     info = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
             "first_token_flip": None if not flips else {"row": flips[0][0], "step": min(f[1] for f in flips)}}

@@ -86,8 +86,19 @@ class Applied:
 
     def __init__(self, name: str, undo: Any) -> None:
         self.name = name
+        self._handle = undo
         self._undo = undo
-        self.info: dict[str, Any] = dict(getattr(undo, "info", {}) or {})
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the path reports about itself (e.g. which implementation ran), read now: the handle's
+        ``info`` dict, else its public plain-data attributes."""
+        handle = self._handle
+        if isinstance(getattr(handle, "info", None), dict):
+            return dict(handle.info)
+        plain = (str, int, float, bool, type(None), dict, list, tuple)
+        return {k: v for k, v in vars(handle).items() if not k.startswith("_") and isinstance(v, plain)} \
+            if hasattr(handle, "__dict__") and not callable(handle) else {}
 
     def undo(self) -> None:
         undo, self._undo = self._undo, None

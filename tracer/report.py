@@ -33,8 +33,10 @@ def _point(p: dict[str, Any] | None) -> str:
 def _describe(meta: dict[str, Any]) -> str:
     versions = meta.get("versions", {})
     vs = ", ".join(f"{k} {v}" for k, v in versions.items() if k in ("torch", "transformers", "cuda"))
+    impl = (meta.get("path_info") or {}).get("implementation")
+    ran = f"; kernels ran as {'/'.join(sorted(set(impl.values())))}" if isinstance(impl, dict) and impl else ""
     return (f"{meta.get('path', '?')} on {meta.get('model', '?')} [{meta.get('dtype', '?')}, "
-            f"{meta.get('device', '?')}, attn={meta.get('attn_implementation', '?')}; {vs}]")
+            f"{meta.get('device', '?')}, attn={meta.get('attn_implementation', '?')}; {vs}{ran}]")
 
 
 def rows(data: dict[str, Any], all_rows: bool = False) -> list[dict[str, Any]]:
