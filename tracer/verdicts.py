@@ -20,6 +20,7 @@ from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 
 VERDICTS = ("exact", "tie", "boundary", "error", "nonfinite")
+STRUCTURAL_INPUTS = ("attention_mask",)
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
 
@@ -81,13 +82,13 @@ class OracleJudge:
             if same:
                 out["verdicts"] = {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}
                 return out
-            lacking = [r for r in reference.inputs if r not in candidate.inputs]
-            if lacking:
-                out.update(verdicts=None, note=f"candidate record lacks oracle input(s) {lacking}")
+            inputs = self._candidate_inputs(reference, candidate)
+            if isinstance(inputs, str):
+                out.update(verdicts=None, note=inputs)
                 return out
             from ulptrace.oracle import judge
 
-            result = judge(program, candidate.inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
+            result = judge(program, inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
         except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
             out.update(verdicts=None, note=f"oracle could not judge {reference.site}: {exc}")
             return out
@@ -98,6 +99,24 @@ class OracleJudge:
             max_error_ulp=result.max_error_ulp,
         )
         return out
+
+    @staticmethod
+    def _candidate_inputs(reference: Record, candidate: Record) -> dict[str, torch.Tensor] | str:
+        """The candidate's own inputs for the reference's program, or a note saying what is missing.
+
+        Structural inputs (the attention mask) are not activations: one path may pass an explicit
+        causal mask where the other lets the kernel mask, so the reference's mask stands in for a
+        missing one and an extra one is dropped — the reference's formula defines the masking.
+        """
+        inputs = {}
+        for role, tensor in reference.inputs.items():
+            if role in candidate.inputs:
+                inputs[role] = candidate.inputs[role]
+            elif role in STRUCTURAL_INPUTS:
+                inputs[role] = tensor
+            else:
+                return f"candidate record lacks oracle input {role!r}"
+        return inputs
 
     def _outside(self, program: Any, inputs: dict[str, torch.Tensor], output: torch.Tensor) -> int:
         from ulptrace.oracle import admissible
