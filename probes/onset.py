@@ -66,6 +66,7 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.T
     (``[batch, >= new_tokens]``), the *forced* token is fed back instead, so two paths see the
     same inputs at every step.
     """
+    cache_kwarg = _cache_kwarg(model)
     out = model(input_ids, use_cache=True)
     chosen = []
     for step in range(new_tokens):
@@ -77,8 +78,17 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.T
         if step + 1 == new_tokens:
             break
         feed = forced[:, step : step + 1] if forced is not None else token
-        out = model(feed, past_key_values=out.past_key_values, use_cache=True)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        out = model(feed, use_cache=True, **{cache_kwarg: cache})
     return torch.cat(chosen, dim=1)
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The name under which the model's forward takes its cache (``cache`` in newer transformers)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _dtype(name: str) -> torch.dtype:

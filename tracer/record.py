@@ -256,7 +256,8 @@ class Recorder:
         self._gdn_stack.pop()
 
     def _gdn_states(self, module: Any, kwargs: dict) -> dict[str, torch.Tensor | None]:
-        cache = kwargs.get("cache_params")
+        # transformers <= 5.2x passes the cache as ``cache_params``, later versions as ``cache``
+        cache = next((kwargs[k] for k in ("cache", "cache_params") if kwargs.get(k) is not None), None)
         layer = getattr(cache, "layers", None)
         if layer is None:
             return {}
