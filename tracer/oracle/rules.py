@@ -422,6 +422,7 @@ RULES.update({
     "mean": Rule("reduce", _mean),
     "linalg_vector_norm": Rule("reduce", _vector_norm),
     "_softmax": Rule("softmax", _softmax),
+    "_safe_softmax": Rule("softmax", _softmax),  # SDPA's math backend: fully masked rows give 0
     "mm": Rule("matmul", _mm),
     "bmm": Rule("matmul", _mm),
     "matmul": Rule("matmul", _mm),

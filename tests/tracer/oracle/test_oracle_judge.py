@@ -344,3 +344,23 @@ def test_mismatched_inputs_and_outputs_are_rejected():
         judge(program, {"x": x}, qwen_norm(x)[:, :32])
     with pytest.raises(TypeError, match="must be a tensor"):
         judge(program, {"x": x}, [1.0])
+
+
+@pytest.mark.slow
+def test_judging_a_large_site_with_every_hypothesis_is_fast():
+    import time
+
+    norm = make_gated_norm()
+    residual, delta, gate = randn(2048, 64, scale=4.0), randn(2048, 64), randn(2048, 64)  # 131k elements
+    inputs = {"residual": residual, "delta": delta, "gate": gate}
+    program = capture_semantics(lambda residual, delta, gate: norm(residual + delta, gate), inputs,
+                                constant_names=norm)
+    hf = norm(residual + delta, gate)
+    s = residual.float() + delta.float()
+    fused = (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()
+             * F.silu(gate.float())).to(BF16)
+    start = time.perf_counter()
+    j = judge(program, inputs, fused, hf)
+    elapsed = time.perf_counter() - start
+    assert len(j.hypotheses) >= 10 and j.counts["boundary"] > 0
+    assert elapsed < 3.0, f"{elapsed:.2f} s for {hf.numel()} elements and {len(j.hypotheses)} hypotheses"
