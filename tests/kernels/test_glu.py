@@ -28,7 +28,7 @@ def test_faithful_reference_reproduces_hf_mlp_bitwise(family, dtype):
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaMLP
 
-        mlp = LlamaMLP(LlamaConfig(hidden_size=123, intermediate_size=205, num_attention_heads=3, num_key_value_heads=1))
+        mlp = LlamaMLP(LlamaConfig(hidden_size=123, intermediate_size=205, num_attention_heads=3, num_key_value_heads=1, head_dim=42))
     mlp = mlp.to(dtype)
     x = torch.randn(2, 5, 123).to(dtype)
     with torch.no_grad():
