@@ -131,7 +131,7 @@ def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:
 
 def vector_width(n: int, dtype: torch.dtype) -> int:
     """Elements per 16-byte load along a row of ``n`` elements (1 when ``n`` is not a multiple)."""
-    width = VECTOR_BYTES // torch.empty((), dtype=dtype).element_size()
+    width = VECTOR_BYTES // dtype.itemsize
     return width if n % width == 0 else 1
 
 

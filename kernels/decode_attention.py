@@ -23,7 +23,7 @@ implementation):
 ``out = round((sum_j exp(s_j - max) v_j) / sum_j exp(s_j - max))``, one rounding.
 
 Declared FP32 reductions of the kernel (:func:`tree_specs`): ``qk`` blocked:t32:v{V} over the head
-dimension (one warp per position), ``softmax_sum`` blocked:t128:v1 over positions (masked ones are
+dimension (one warp per position), ``softmax_sum`` blocked:t256:v1 over positions (masked ones are
 0), ``pv`` sequential over positions. ``order="kernel"`` in the reference evaluates exactly those
 (plus ``expf`` as torch's CUDA ``exp``), bitwise the kernel on a CUDA device; ``order="hf"`` uses
 the torch ops of the semantics (for ``eager``: bitwise HF's ``eager_attention_forward``).
@@ -36,7 +36,7 @@ from ulptrace.kernels import _common as c
 
 SEMANTICS = ("eager", "sdpa")
 _SEMANTICS_CODE = {"eager": 0, "sdpa": 1}
-THREADS = 128
+THREADS = 256
 
 
 def tree_specs(head_dim: int, dtype: torch.dtype) -> dict[str, str]:
@@ -186,13 +186,19 @@ def decode_attention_reference(
     return _kernel_order(query, key, value, float(scale), mask, semantics, mode)
 
 
+_MAX_LEN: dict[tuple[int, int], int] = {}
+
+
 def max_cache_len(head_dim: int) -> int:
-    """Most cached positions the CUDA kernel holds in shared memory (0 when the kernels are unavailable)."""
+    """Most cached positions the CUDA kernel holds in shared memory on the current device (0 without kernels)."""
     from ulptrace.kernels import _build
 
     if not _build.available():
         return 0
-    return int(_build.extension().decode_attention_max_len(head_dim))
+    key = (torch.cuda.current_device(), head_dim)
+    if key not in _MAX_LEN:
+        _MAX_LEN[key] = int(_build.extension().decode_attention_max_len(head_dim))
+    return _MAX_LEN[key]
 
 
 def _rows_aligned(t: torch.Tensor, vector: int) -> torch.Tensor:

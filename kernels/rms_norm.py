@@ -78,7 +78,8 @@ def mean_sq_fp32(h: torch.Tensor, order: str, dtype: torch.dtype) -> torch.Tenso
     if order == "hf":
         return h.pow(2).mean(-1, keepdim=True)
     total = c.reduce_fp32(h * h, tree_spec(h.shape[-1], dtype))
-    return (total / h.shape[-1]).unsqueeze(-1)
+    # a tensor divisor: torch's CUDA division by a Python scalar multiplies by its reciprocal instead
+    return (total / torch.full_like(total, h.shape[-1])).unsqueeze(-1)
 
 
 def rstd_fp32(var: torch.Tensor, eps: float, order: str) -> torch.Tensor:

@@ -1,10 +1,11 @@
 // Decode attention: one query token per sequence over a KV cache, grouped-query heads, per-row
-// valid positions (a length and/or a boolean mask). One block of 128 threads per (batch, q head);
+// valid positions (a length and/or a boolean mask). One block of 256 threads per (batch, q head);
 // q head h reads kv head h / (Hq / Hkv), as HF's repeat_kv.
 //
 // Declared FP32 reductions (see ulptrace/kernels/decode_attention.py):
-//   qk:  blocked:t32:v{V} over the head dimension, one warp per cached position
-//   sum: blocked:t128:v1 over cached positions (masked positions contribute 0)
+//   qk:  blocked:t32:v{V} over the head dimension, one warp per cached position (each warp works on
+//        kPositions positions at once, interleaved for latency, each with its own accumulator)
+//   sum: blocked:t256:v1 over cached positions (masked positions contribute 0)
 //   pv:  sequential over cached positions, per output element (masked positions skipped)
 // The row maximum is order-free.
 //
@@ -18,8 +19,10 @@
 namespace ulptrace {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kPositions = 4;  // positions per warp per iteration of the score loop
+constexpr int kUnroll = 8;     // positions per iteration of the P @ V loop
 
 template <typename T, int V>
 __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
@@ -49,21 +52,47 @@ __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
     }
     __syncthreads();
 
-    // scores: one warp per position, blocked:t32:v{V} over the head dimension
-    for (int j = warp; j < a.kv_len; j += kWarps) {
-        if (!ok_s[j]) continue;  // warp-uniform
-        const T* kj = k + int64_t(j) * a.k_stride_l;
-        float acc = 0.0f;
-        for (int base = lane * V; base < a.head_dim; base += 32 * V) {
-            const Pack<T, V> ks = load_pack<T, V>(kj + base);
+    // scores: blocked:t32:v{V} over the head dimension for each position. A warp takes kPositions
+    // positions at a time; loads are unconditional (positions are clamped into the cache) so they
+    // can be in flight together, and results of masked or out-of-range positions are dropped.
+    for (int j0 = warp * kPositions; j0 < a.kv_len; j0 += kWarps * kPositions) {
+        float acc[kPositions];
 #pragma unroll
-            for (int jj = 0; jj < V; ++jj) {
-                acc = __fadd_rn(acc, __fmul_rn(q_s[base + jj], Num<T>::to_float(ks.v[jj])));
+        for (int u = 0; u < kPositions; ++u) acc[u] = 0.0f;
+        for (int base = lane * V; base < a.head_dim; base += 32 * V) {
+            float qv[V];
+#pragma unroll
+            for (int jj = 0; jj < V; ++jj) qv[jj] = q_s[base + jj];
+            Pack<T, V> ks[kPositions];
+#pragma unroll
+            for (int u = 0; u < kPositions; ++u) {
+                const int j = min(j0 + u, a.kv_len - 1);
+                ks[u] = load_pack<T, V>(k + int64_t(j) * a.k_stride_l + base);
+            }
+#pragma unroll
+            for (int u = 0; u < kPositions; ++u) {
+#pragma unroll
+                for (int jj = 0; jj < V; ++jj) {
+                    acc[u] = __fadd_rn(acc[u], __fmul_rn(qv[jj], Num<T>::to_float(ks[u].v[jj])));
+                }
             }
         }
-        const float dot = warp_butterfly_sum(acc);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+            for (int u = 0; u < kPositions; ++u) {
+                acc[u] = __fadd_rn(acc[u], __shfl_xor_sync(0xffffffffu, acc[u], offset));
+            }
+        }
         if (lane == 0) {
-            p_s[j] = eager ? round_to<T>(__fmul_rn(round_to<T>(dot), a.scale)) : __fmul_rn(dot, a.scale);
+#pragma unroll
+            for (int u = 0; u < kPositions; ++u) {
+                const int j = j0 + u;
+                if (j < a.kv_len && ok_s[j]) {
+                    const float dot = acc[u];
+                    p_s[j] = eager ? round_to<T>(__fmul_rn(round_to<T>(dot), a.scale)) : __fmul_rn(dot, a.scale);
+                }
+            }
         }
     }
     __syncthreads();
@@ -86,7 +115,7 @@ __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
         return;
     }
 
-    // exp and their sum: blocked:t128:v1 over positions
+    // exp and their sum: blocked:t256:v1 over positions
     float acc = 0.0f;
     for (int j = threadIdx.x; j < a.kv_len; j += kThreads) {
         const float e = ok_s[j] ? expf(__fsub_rn(p_s[j], m)) : 0.0f;
@@ -102,11 +131,23 @@ __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
     }
     __syncthreads();
 
-    // P @ V: sequential over positions for each output element
+    // P @ V: sequential over positions for each output element. kUnroll values are loaded before
+    // they are added (in position order), masked positions are skipped by a select.
     for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
         const T* vd = v + d;
         float o = 0.0f;
-        for (int j = 0; j < a.kv_len; ++j) {
+        int j = 0;
+        for (; j + kUnroll <= a.kv_len; j += kUnroll) {
+            float vals[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) vals[u] = Num<T>::to_float(vd[int64_t(j + u) * a.v_stride_l]);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const float next = __fadd_rn(o, __fmul_rn(p_s[j + u], vals[u]));
+                o = ok_s[j + u] ? next : o;
+            }
+        }
+        for (; j < a.kv_len; ++j) {
             if (ok_s[j]) o = __fadd_rn(o, __fmul_rn(p_s[j], Num<T>::to_float(vd[int64_t(j) * a.v_stride_l])));
         }
         if (fused) o = __fdiv_rn(o, sum);

@@ -151,7 +151,7 @@ def test_row_without_valid_positions_is_zero():
 
 
 def test_declared_trees():
-    assert tree_specs(256, torch.bfloat16) == {"qk": "blocked:t32:v8", "softmax_sum": "blocked:t128:v1",
+    assert tree_specs(256, torch.bfloat16) == {"qk": "blocked:t32:v8", "softmax_sum": "blocked:t256:v1",
                                               "pv": "sequential"}
     assert tree_specs(123, torch.bfloat16)["qk"] == "blocked:t32:v1"
     assert tree_specs(64, torch.float32)["qk"] == "blocked:t32:v4"
@@ -202,6 +202,22 @@ def test_kernel_is_bitwise_its_kernel_order_reference(shape, semantics, mode):
     decode_attention(q, k, v, backend="cuda", out=out, **kw)
     assert not bool(torch.isnan(out).any())
     assert torch.equal(out, decode_attention_reference(q, k, v, order="kernel", **kw))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("mode", ["faithful", "fused"])
+def test_kernel_never_reads_masked_or_out_of_length_positions(mode):
+    q, k, v = qkv(4, 8, 2, 77, 256, device="cuda")
+    valid = padded(4, 77, "cuda")
+    lengths = torch.tensor([77, 77, 50, 77], dtype=torch.int32, device="cuda")
+    kw = dict(scale=0.0625, valid=valid, lengths=lengths, mode=mode, backend="cuda")
+    clean = decode_attention(q, k, v, **kw)
+    unread = ~(valid & (torch.arange(77, device="cuda")[None] < lengths[:, None]))  # [B, L]
+    k2, v2 = k.clone(), v.clone()
+    k2.masked_fill_(unread[:, None, :, None], float("nan"))
+    v2.masked_fill_(unread[:, None, :, None], float("inf"))
+    assert torch.equal(decode_attention(q, k2, v2, **kw), clean)
 
 
 @pytest.mark.gpu
