@@ -211,7 +211,7 @@ def test_kernel_never_reads_masked_or_out_of_length_positions(mode):
     q, k, v = qkv(4, 8, 2, 77, 256, device="cuda")
     valid = padded(4, 77, "cuda")
     lengths = torch.tensor([77, 77, 50, 77], dtype=torch.int32, device="cuda")
-    kw = dict(scale=0.0625, valid=valid, lengths=lengths, mode=mode, backend="cuda")
+    kw = {"scale": 0.0625, "valid": valid, "lengths": lengths, "mode": mode, "backend": "cuda"}
     clean = decode_attention(q, k, v, **kw)
     unread = ~(valid & (torch.arange(77, device="cuda")[None] < lengths[:, None]))  # [B, L]
     k2, v2 = k.clone(), v.clone()
