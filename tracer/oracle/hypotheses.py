@@ -78,7 +78,7 @@ def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
     Returns:
         the list; empty when the program has no rounding decision to change.
     """
-    out_op = program.output_op()
+    out_ops = program.output_ops()
     narrow = program.narrow_dtype
     missing: list[Hypothesis] = []
     added: list[Hypothesis] = []
@@ -93,7 +93,7 @@ def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
             continue
         dtype = program.result_dtype(i)
         label = program.op_label(i)
-        if dtype in I.NARROW_DTYPES and i != out_op:
+        if dtype in I.NARROW_DTYPES and i not in out_ops:
             missing.append(Hypothesis("missing", f"the {dtype_word(dtype)} rounding of `{label}` (op {i}) is missing",
                                       i, Mods(keep_fp32=frozenset({i}))))
         elif dtype == torch.float32 and narrow is not None:

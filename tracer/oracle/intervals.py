@@ -105,10 +105,6 @@ def scalar_iv(value: float, like: torch.Tensor) -> Iv:
     return Iv(v, v, v)
 
 
-def make(lo: torch.Tensor, hi: torch.Tensor, pt: torch.Tensor | None) -> Iv:
-    return Iv(lo, hi, pt)
-
-
 # ---------------------------------------------------------------------------------------------- rounding
 
 

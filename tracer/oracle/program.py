@@ -164,18 +164,25 @@ class Program:
             return False
         return self.result_dtype(op_index) in (torch.float32,) + I.NARROW_DTYPES
 
-    def output_op(self) -> int:
-        """The op whose rounding is the output's own: the output's producer, looking through views."""
-        value = self.output_value
-        while True:
+    def output_ops(self) -> frozenset[int]:
+        """The ops whose rounding is the output's own: its producers, looking through views and selections
+        (a ``cat`` of two results has two)."""
+        found: set[int] = set()
+        pending = [self.output]
+        while pending:
+            value = self.values[pending.pop()]
+            if value.kind != "op":
+                continue
             op = self.ops[value.op]  # type: ignore[index]
             if self.kind(op.index) not in ("view", "select"):
-                return op.index
-            refs = [a for a in tree_flatten((op.args, op.kwargs))[0] if isinstance(a, ValueRef)]
-            producers = [r for r in refs if self.values[r.index].kind == "op"]
-            if len(producers) != 1:
-                return op.index
-            value = self.values[producers[0].index]
+                found.add(op.index)
+                continue
+            pending += [a.index for a in tree_flatten((op.args, op.kwargs))[0] if isinstance(a, ValueRef)]
+        return frozenset(found)
+
+    def output_op(self) -> int:
+        """The last of :meth:`output_ops` (the only one unless the output is assembled by a selection)."""
+        return max(self.output_ops())
 
     def terms(self, op_index: int) -> int | None:
         """Length of the op's accumulation (reductions, matmuls, softmax, attention), else None."""
@@ -212,6 +219,11 @@ class Program:
         return self._render(self.ops[op_index], limit=10_000)
 
     # ------------------------------------------------------------------------------------------ rendering
+
+    def __repr__(self) -> str:
+        out = self.output_value
+        return (f"<Program {self.name or ''}: inputs {list(self.inputs)}, {len(self.ops)} ops, output "
+                f"{dtype_short(out.dtype)} {list(out.shape)}>")
 
     def __post_init__(self) -> None:
         self._labels: list[str] = []
@@ -303,11 +315,11 @@ class Program:
             for value in self.values:
                 if value.kind == kind:
                     lines.append(f"  {kind:<8} {value.name}: {dtype_short(value.dtype)} {list(value.shape)}")
-        out_op = self.output_op()
+        out_ops = self.output_ops()
         for op in self.ops:
             value = self.values[op.outputs[0]] if op.outputs and op.outputs[0] is not None else None
             result = f"{dtype_short(value.dtype)} {list(value.shape)}" if value is not None else "?"
-            mark = "  <- output" if op.index == out_op else ("" if op.index in self.live else "  (unused)")
+            mark = "  <- output" if op.index in out_ops else ("" if op.index in self.live else "  (unused)")
             lines.append(f"{op.index:>4}  {self._render(op, limit=10_000)} -> {result}  [{self._note(op.index)}]{mark}")
         return "\n".join(lines)
 

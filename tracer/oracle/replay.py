@@ -204,6 +204,8 @@ def emulate(program: Program, inputs: Mapping[str, torch.Tensor], reducer: Reduc
         if op.index not in program.live:
             continue
         args, kwargs = tree_map(lambda a: values[a.index] if isinstance(a, ValueRef) else a, (op.args, op.kwargs))
+        if op.name == "_to_copy":
+            kwargs = {k: v for k, v in kwargs.items() if k != "device"}  # stay on the inputs' device
         b = bind(op.func, args, kwargs) if op.name in ("sum", "mean") else {}
         if reducer is not None and b and b["self"].dtype == torch.float32 and b.get("dtype") in (None, torch.float32):
             out = _reduce(program, op.index, reducer, b)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from oracle_modules import make_gated_norm, make_qwen_norm
-from ulptrace.oracle import UnsupportedOpError, capture_semantics, judge, supported_ops
+from ulptrace.oracle import UnsupportedOpError, capture_semantics, enumerate_hypotheses, judge, supported_ops
 
 BF16 = torch.bfloat16
 
@@ -135,3 +135,26 @@ def test_supported_ops_cover_the_hf_formulas():
                        ("_scaled_dot_product_flash_attention_for_cpu", "attention"),
                        ("_scaled_dot_product_efficient_attention", "attention")]:
         assert ops[name] == kind
+
+
+def test_hypotheses_of_the_qwen_norm():
+    qwen_norm = make_qwen_norm()
+    program = capture_semantics(lambda x: qwen_norm(x), {"x": randn(2, 64)}, constant_names=qwen_norm)
+    hypotheses = enumerate_hypotheses(program)
+    # one FP32 result per op except the two upcasts and the final BF16 cast; HF rounds to BF16 only at the end,
+    # so nothing can be "missing" and there is nothing to fuse
+    assert [h.kind for h in hypotheses] == ["added"] * 7
+    assert [h.op for h in hypotheses] == [1, 2, 3, 4, 5, 7, 8]
+    assert hypotheses[5].description == "`add(f32(weight), 1.0)` (op 7) rounded to BF16"
+
+
+def test_an_output_assembled_from_two_roundings_keeps_both():
+    def fn(x, y):
+        return torch.cat([(x.float() * 3.0).to(BF16), y + y], dim=-1)
+
+    x, y = randn(2, 4), randn(2, 4)
+    program = capture_semantics(fn, {"x": x, "y": y})
+    names = {program.ops[i].name for i in program.output_ops()}
+    assert names == {"_to_copy", "add"}
+    assert not [h for h in enumerate_hypotheses(program) if h.kind == "missing"]
+    assert judge(program, {"x": x, "y": y}, fn(x, y)).inside
