@@ -2,16 +2,23 @@
 
 Typical use, for one site::
 
-    program = capture_semantics(lambda x: ref_model.model.layers[3].input_layernorm(x), {"x": x_ref},
-                                constant_names=ref_model.model.layers[3].input_layernorm, name="layers.3.input_layernorm")
-    print(program)                                    # where the reference rounds, op by op
+    norm = ref_model.model.layers[3].input_layernorm
+    program = capture_semantics(lambda x: norm(x), {"x": x_ref}, constant_names=norm,
+                                name="layers.3.input_layernorm")
+    print(program)                                   # where the reference rounds, one op per line
     j = judge(program, {"x": x_cand}, y_cand, reference_output=y_ref)
-    j.counts, j.boundary, j.max_error_ulp             # exact / tie / boundary / error / nonfinite
-    judge(program, {"x": x_ref}, y_ref).inside        # is the reference inside its own semantics?
+    j.counts, j.boundary, j.explained, j.max_error_ulp
+    judge(program, {"x": x_ref}, y_ref).inside       # is the reference inside its own semantics?
+    emulate(program, {"x": x_ref}, reducer=lambda t, d: reduce_fp32(t, "blocked:t256:v4", d))
+
+Public API: :func:`capture_semantics` -> :class:`Program`; :func:`judge` -> :class:`Judgement`
+(verdict codes index :data:`VERDICTS`); :func:`admissible`; :func:`emulate`;
+:func:`enumerate_hypotheses` / :class:`Hypothesis` / :class:`Mods`; :func:`supported_ops`;
+:class:`UnsupportedOpError` (a ``NotImplementedError``).
 
 Modules: :mod:`.program` (capture and listing), :mod:`.intervals` (float64 interval arithmetic and the
-rounding model), :mod:`.rules` (supported ops), :mod:`.attention` (fused SDPA), :mod:`.replay`
-(admissible set, emulation), :mod:`.hypotheses`, :mod:`.judge`.
+rounding model), :mod:`.rules` (the table of supported ops), :mod:`.attention` (fused SDPA ops),
+:mod:`.replay` (admissible set, emulation), :mod:`.hypotheses`, :mod:`.judge`.
 """
 
 from __future__ import annotations
