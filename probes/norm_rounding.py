@@ -52,7 +52,7 @@ def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_row
     ref_out, cand_out = _rows(ref.out)[rows], _rows(cand.out)[rows]
     found: dict[str, list[list[str]]] = {"reference": [[] for _ in rows], "candidate": [[] for _ in rows]}
     for tree in trees:
-        reducer = lambda x, dim, tree=tree: reduce_fp32(x, tree, dim)  # noqa: E731
+        reducer = lambda x, dim, tree=tree: reduce_fp32(x, tree, dim)
         for side, inputs, target in (("reference", ref_in, ref_out), ("candidate", cand_in, cand_out)):
             try:
                 emulated = emulate(program, inputs, reducer=reducer)
@@ -92,7 +92,7 @@ def conclusion(data: dict[str, Any]) -> str:
     if not differing:
         return f"{head}: every norm output is bitwise identical."
     unjudged = [s for s in differing if s["verdicts"] is None]
-    count = lambda key: sum((s["verdicts"] or {}).get(key, 0) for s in differing)  # noqa: E731
+    count = lambda key: sum((s["verdicts"] or {}).get(key, 0) for s in differing)
     ties, boundary, error, nonfinite = count("tie"), count("boundary"), count("error"), count("nonfinite")
     total = sum(s["differing"] for s in differing)
     parts = []
@@ -193,6 +193,10 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     return data
 
 
+def _orders(specs: list[str]) -> str:
+    return f"{len(specs)} orders, e.g. {', '.join(specs[:2])}" if specs else "none"
+
+
 def render(data: dict[str, Any]) -> str:
     from ulptrace.report import to_table
 
@@ -202,7 +206,7 @@ def render(data: dict[str, Any]) -> str:
         for t in data["trees"][:12]:
             s = (t["findings"] or {}).get("summary")
             if s:
-                side = lambda k: (f"{len(s[k])} orders, e.g. {', '.join(s[k][:2])}" if s[k] else "none")  # noqa: E731
+                side = lambda k: (f"{len(s[k])} orders, e.g. {', '.join(s[k][:2])}" if s[k] else "none")
                 lines.append(f"  step {t['step']} {t['site']}: reference {side('reference')} | candidate "
                              f"{side('candidate')}")
     lines += ["", "Conclusion: " + data["conclusion"]]

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from ulptrace.comparison import Comparison, StreamingComparator, _bitwise_equal
 from ulptrace.models import DEFAULT_MODEL, build_model
 from ulptrace.paths import apply_path, resolve_path

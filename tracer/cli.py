@@ -94,7 +94,6 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     import torch
-
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path
     from ulptrace.probes.onset import _dtype, _selected_sites, greedy, make_prompts

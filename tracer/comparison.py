@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
-
 from ulptrace.trace import Record, Trace
 from ulptrace.ulp import FORMATS, ulp_distance, ulp_histogram
 

@@ -13,7 +13,6 @@ import sys
 from typing import Any
 
 import torch
-
 from ulptrace.sites import GDN_FUNCTIONS, Site, _sub, attention_function, site_table
 from ulptrace.taps import Handle, tap
 from ulptrace.ulp import next_down, next_up
@@ -61,7 +60,7 @@ class Fault:
     def __enter__(self) -> Fault:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.undo()
 
 

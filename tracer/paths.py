@@ -115,7 +115,7 @@ class Applied:
     def __enter__(self) -> Applied:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.undo()
 
 

@@ -26,9 +26,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
-
 from ulptrace.sites import GDN_FUNCTIONS, Obs, Site, _sub, attention_function, site_table
-from ulptrace.taps import Handle, tap
+from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, library_versions
 
 _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
@@ -154,7 +153,7 @@ class Recorder:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._remove()
 
     def _remove(self) -> None:
@@ -262,7 +261,7 @@ class Recorder:
         if layer is None:
             return {}
         entry = layer[module.layer_idx]
-        get = lambda states: states.get(0) if isinstance(states, dict) else None  # noqa: E731
+        get = lambda states: states.get(0) if isinstance(states, dict) else None
         return {
             "state.conv": get(getattr(entry, "conv_states", None)),
             "state.recurrent": get(getattr(entry, "recurrent_states", None)),

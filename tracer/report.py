@@ -81,7 +81,7 @@ def to_table(data: dict[str, Any], all_rows: bool = False, limit: int = 60) -> s
     body = [_cells(s) for s in rows(data, all_rows)]
     shown = body[:limit]
     widths = [max(len(r[i]) for r in [_HEAD] + shown) for i in range(len(_HEAD))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
     lines = _summary(data) + [""]
     if shown:
         lines += [fmt(_HEAD), fmt(["-" * w for w in widths])] + [fmt(r) for r in shown]

@@ -148,7 +148,7 @@ def attention_function(model: Any) -> Callable[..., Any]:
         owner = getattr(layer, "self_attn", None) or next(
             (m for m in layer.modules() if hasattr(m, "scaling")), layer
         )
-        return getattr(sys.modules[type(owner).__module__], "eager_attention_forward")
+        return sys.modules[type(owner).__module__].eager_attention_forward
     return ALL_ATTENTION_FUNCTIONS[impl]
 
 

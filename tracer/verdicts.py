@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from ulptrace.trees import Tree, reduce_fp32
 
 

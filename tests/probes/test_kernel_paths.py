@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 
 import pytest
-
 from ulptrace.probes.onset import RunConfig, run_onset
 
 

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ulptrace.probes.norm_rounding import main
 
 HERE = Path(__file__).parent

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from ulptrace.cli import main
 
 SMALL = ["--prompts", "2", "--prompt-len", "6", "--new-tokens", "3"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ulptrace.models import MODELS, build_model, list_models
 from ulptrace.probes.onset import greedy, make_prompts
 

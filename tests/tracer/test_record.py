@@ -4,21 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ulptrace.models import build_model
-from ulptrace.probes.onset import greedy, make_prompts
+from ulptrace.probes.onset import greedy
 from ulptrace.record import Recorder
 from ulptrace.sites import select, site_table
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return build_model("tiny-qwen3.5")
-
-
-@pytest.fixture(scope="module")
-def prompts(qwen):
-    return make_prompts(qwen.config.vocab_size, 2, 6, seed=0)
 
 
 def _hook_count(model) -> int:
@@ -54,10 +43,9 @@ def test_hooks_and_taps_are_removed_also_on_exception(qwen, prompts) -> None:
 
     before_hooks = _hook_count(qwen)
     before = (mq.torch_chunk_gated_delta_rule, ALL_ATTENTION_FUNCTIONS["sdpa"])
-    with pytest.raises(RuntimeError, match="boom"):
-        with Recorder(qwen):
-            qwen(prompts)
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), Recorder(qwen):
+        qwen(prompts)
+        raise RuntimeError("boom")
     assert _hook_count(qwen) == before_hooks
     assert (mq.torch_chunk_gated_delta_rule, ALL_ATTENTION_FUNCTIONS["sdpa"]) == before
 
@@ -70,10 +58,8 @@ def test_nested_recorders_see_the_same_records(qwen, prompts) -> None:
     assert len(inner.trace) == len(outer.trace) // 2
     for rec in inner.trace:
         assert torch.equal(rec.out, outer.trace[rec.key].out)
-    with pytest.raises(RuntimeError, match="already active"):
-        with outer:
-            with outer:
-                pass
+    with pytest.raises(RuntimeError, match="already active"), outer, outer:
+        pass
 
 
 def test_module_called_twice_is_numbered(qwen, prompts) -> None:

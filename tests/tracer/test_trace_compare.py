@@ -7,23 +7,11 @@ import shutil
 
 import pytest
 import torch
-
 from ulptrace.comparison import StreamingComparator, compare
 from ulptrace.faults import inject_fault
-from ulptrace.models import build_model
-from ulptrace.probes.onset import RunConfig, greedy, make_prompts, run_onset
+from ulptrace.probes.onset import RunConfig, greedy, run_onset
 from ulptrace.record import Recorder
 from ulptrace.trace import LazyTrace, TraceError, load_trace
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    return build_model("tiny-qwen3.5")
-
-
-@pytest.fixture(scope="module")
-def prompts(qwen):
-    return make_prompts(qwen.config.vocab_size, 2, 6, seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from ulptrace.trees import (
     DEFAULT_TREES,
     KINDS,

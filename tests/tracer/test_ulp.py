@@ -15,7 +15,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ulptrace.ulp import (
