@@ -21,8 +21,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kPositions = 4;  // positions per warp per iteration of the score loop
-constexpr int kUnroll = 8;     // positions per iteration of the P @ V loop
+constexpr int kPositions = 8;  // positions per warp per iteration of the score loop
+constexpr int kUnroll = 32;    // positions per iteration of the P @ V loop (loads in flight)
 
 template <typename T, int V>
 __global__ void decode_attention_kernel(DecodeAttentionArgs a) {
