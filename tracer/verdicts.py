@@ -46,6 +46,8 @@ class OracleJudge:
         self.judge_reference = judge_reference
         self.hypotheses = hypotheses
         self._programs: dict[tuple, Any] = {}
+        param = next(reference_model.parameters(), None)
+        self.device = param.device if param is not None else torch.device("cpu")
 
     def site(self, name: str) -> Site | None:
         return self.sites.get(_CALL_SUFFIX.sub("", name))
@@ -64,6 +66,8 @@ class OracleJudge:
         return self._programs[key]
 
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
+        # a reference read back from disk is on the CPU; the semantics run where the reference model is
+        reference, candidate = _on(reference, self.device), _on(candidate, self.device)
         site = self.site(reference.site)
         if site is None or site.formula is None:
             return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
@@ -125,6 +129,13 @@ class OracleJudge:
         inside = (value >= lo.double()) & (value <= hi.double())
         inside |= torch.isnan(value) & (torch.isnan(lo) | torch.isnan(hi))
         return int((~inside).sum())
+
+
+def _on(record: Record, device: torch.device) -> Record:
+    if record.out.device == device and all(t.device == device for t in record.inputs.values()):
+        return record
+    return Record(record.site, record.step, record.kind, record.layer, record.out.to(device),
+                  {k: v.to(device) for k, v in record.inputs.items()})
 
 
 def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None) -> OracleJudge | None:
