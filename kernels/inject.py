@@ -121,6 +121,11 @@ class Injection:
             "calls": dict(self.calls),
         }
 
+    @property
+    def info(self) -> dict[str, Any]:
+        """Same as :meth:`metadata` (the name ``ulptrace.paths`` reads a path handle's report from)."""
+        return self.metadata()
+
     def __repr__(self) -> str:
         state = "active" if self.active else "undone"
         return f"Injection(mode={self.mode!r}, backend={self.backend!r}, ops={self.ops}, {state})"

@@ -151,6 +151,7 @@ def test_metadata_is_json_and_names_implementation(qwen):
     assert meta["implementation"] == {op: "reference" for op in OPS}
     assert meta["trees"] == {}  # references reduce in HF's own torch order
     assert meta["attention_semantics"] == "eager"
+    assert handle.info == handle.metadata()
 
 
 def test_registered_path_functions_apply_and_undo(qwen, ids, qwen_hf):
@@ -212,3 +213,12 @@ def test_cuda_injection_agrees_with_hf_on_gpu(attn):
     for have, hf in zip(got, want):
         assert float((have.float() - hf.float()).abs().max()) < 0.05 * float(hf.float().abs().max())
     assert all(torch.equal(a, b) for a, b in zip(run_steps(model, tokens, steps=3), want))
+
+
+def test_registry_names_resolve_to_these_paths(qwen, ids, qwen_hf):
+    import ulptrace
+
+    with ulptrace.apply_path(qwen, "kernels:fused") as applied:
+        assert applied.info["mode"] == "fused" and applied.info["implementation"]["glu"] == "reference"
+        assert not torch.equal(run_steps(qwen, ids, steps=0)[0], qwen_hf[0])
+    assert all(torch.equal(a, b) for a, b in zip(run_steps(qwen, ids), qwen_hf))
