@@ -53,8 +53,9 @@ from ulptrace.kernels.decode_attention import SEMANTICS, decode_attention, max_c
 from ulptrace.kernels.gdn_gates import gdn_gates
 from ulptrace.kernels.rms_norm import VARIANTS
 
+from ulptrace.sites import GDN_FUNCTIONS  # the functions HF hands the gates to are site metadata
+
 OPS = ("add_rms_norm", "glu", "gated_rms_norm", "gdn_gates", "decode_attention")
-GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 # attention kwargs that change the math; a call carrying one (not None) runs the original function
 UNSUPPORTED_ATTENTION_KWARGS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias")
 
