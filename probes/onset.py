@@ -101,17 +101,35 @@ def _selected_sites(model: Any, cfg: RunConfig) -> list:
     return select(site_table(model), cfg.sites, cfg.kinds, parse_range(cfg.layers))
 
 
-def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
-              progress: Callable[[str], None] | None = None) -> tuple[Comparison, dict[str, Any]]:
-    """Record the reference to disk, stream the candidate against it; returns (comparison, run info)."""
-    say = progress or (lambda msg: None)
+def _setup(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor, range | None, dict[str, Any]]:
+    """Two copies of the model (same seed: same weights), the prompts, the step range, run metadata.
+
+    Unknown path names and bad ranges fail here, before any model is built.
+    """
+    resolve_path(cfg.reference), resolve_path(cfg.candidate)
     dtype = _dtype(cfg.dtype)
-    resolve_path(cfg.reference), resolve_path(cfg.candidate)  # unknown names fail before any work
     steps = parse_range(cfg.steps)
     ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
     cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
     prompts = make_prompts(ref_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed}
+    return ref_model, cand_model, prompts, steps, meta
+
+
+def _first_flip(ref_tokens: torch.Tensor, cand_tokens: torch.Tensor) -> dict[str, int] | None:
+    """The earliest step at which the candidate's own greedy choice differs (and a row where it does)."""
+    flips = (ref_tokens != cand_tokens).nonzero().tolist()
+    if not flips:
+        return None
+    step = min(f[1] for f in flips)
+    return {"row": next(r for r, t in flips if t == step), "step": step}
+
+
+def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
+              progress: Callable[[str], None] | None = None) -> tuple[Comparison, dict[str, Any]]:
+    """Record the reference to disk, stream the candidate against it; returns (comparison, run info)."""
+    say = progress or (lambda msg: None)
+    ref_model, cand_model, prompts, steps, meta = _setup(cfg)
     tmp = None
     if reference_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ulptrace-onset-")
@@ -147,8 +165,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
         comparison.observation = info.get("observation")
         info["reference_tokens"] = ref_tokens.tolist()
         info["candidate_tokens"] = cand_tokens.tolist()
-        flips = (ref_tokens != cand_tokens).nonzero().tolist()
-        info["first_token_flip"] = None if not flips else {"row": flips[0][0], "step": min(f[1] for f in flips)}
+        info["first_token_flip"] = _first_flip(ref_tokens, cand_tokens)
         return comparison, info
     finally:
         if tmp is not None:
@@ -178,13 +195,7 @@ def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
     keeps its path applied (it is a private copy), so its modules define the semantics to judge by.
     Memory: every selected record of both runs — select sites (e.g. norm kinds) for long runs.
     """
-    resolve_path(cfg.reference), resolve_path(cfg.candidate)
-    dtype = _dtype(cfg.dtype)
-    steps = parse_range(cfg.steps)
-    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
-    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
-    prompts = make_prompts(ref_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-    meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed}
+    ref_model, cand_model, prompts, steps, meta = _setup(cfg)
     ref_applied = apply_path(ref_model, cfg.reference)
     with Recorder(ref_model, sites=_selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
                   metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
@@ -194,7 +205,6 @@ def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
                       metadata={**meta, "path_info": cand_applied.info}) as cand_rec:
             cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens)
         cand_rec.trace.metadata["path_info"] = cand_applied.info
-    flips = (ref_tokens != cand_tokens).nonzero().tolist()
     info = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
-            "first_token_flip": None if not flips else {"row": flips[0][0], "step": min(f[1] for f in flips)}}
+            "first_token_flip": _first_flip(ref_tokens, cand_tokens)}
     return ref_rec.trace, cand_rec.trace, ref_model, info
