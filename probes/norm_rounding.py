@@ -136,7 +136,8 @@ def conclusion(data: dict[str, Any]) -> str:
             parts.append(f"first error at step {e['step']} {e['site']}: {e['verdicts']['error']:,} elements no "
                          f"hypothesis explains, up to {e['max_error_ulp']} ULP outside the admissible set")
         if data.get("onset"):
-            parts.append(f"divergence begins at step {data['onset']['step']}, {data['onset']['site']}")
+            parts.append(f"the first norm record with a boundary or error is step {data['onset']['step']}, "
+                         f"{data['onset']['site']} (`ulptrace onset` looks at every site)")
     if unjudged:
         parts.append(f"{len(unjudged)} differing record(s) could not be judged ({unjudged[0].get('note')})")
     return f"{head}: " + "; ".join(parts) + "."
