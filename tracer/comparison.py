@@ -96,10 +96,11 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
     if ref.shape == cand.shape and ref.dtype != cand.dtype and ref.is_floating_point() and cand.is_floating_point():
         # e.g. a kernel that emits the GDN decay gate in BF16 where HF keeps FP32: compare (and judge) in the
         # reference's dtype, and say so; a narrower candidate converts exactly.
+        # ULP statistics are in the reference's dtype; the oracle judges the candidate's own values (a wider
+        # candidate that skips the final rounding is then a boundary, not hidden by a cast).
         note = (f"candidate stores {str(cand.dtype).removeprefix('torch.')}, reference "
-                f"{str(ref.dtype).removeprefix('torch.')}: compared in the reference's dtype")
+                f"{str(ref.dtype).removeprefix('torch.')}: ULPs counted in the reference's dtype")
         cand = cand.to(ref.dtype)
-        candidate = Record(candidate.site, candidate.step, candidate.kind, candidate.layer, cand, candidate.inputs)
     if ref.shape != cand.shape or ref.dtype != cand.dtype:
         return {
             "site": reference.site, "step": reference.step,
@@ -145,6 +146,20 @@ class Comparison:
     max_ulp: int = 0
     observation: dict[str, Any] | None = None  # result of the observation check, if run
 
+    @property
+    def parameters(self) -> dict[str, list[str]] | None:
+        """Parameters whose checksums differ between the two runs, or exist on one side only
+        (None when a trace carries no checksums). A stale or re-quantised weight copy in a kernel
+        shows here even where no site's verdict would name it."""
+        ref, cand = self.reference.get("parameters"), self.candidate.get("parameters")
+        if not isinstance(ref, dict) or not isinstance(cand, dict):
+            return None
+        return {
+            "differing": sorted(n for n in ref.keys() & cand.keys() if ref[n] != cand[n]),
+            "only_reference": sorted(ref.keys() - cand.keys()),
+            "only_candidate": sorted(cand.keys() - ref.keys()),
+        }
+
     def first_difference(self) -> SiteDiff | None:
         return next((d for d in self.sites if not d.bitwise_equal), None)
 
@@ -173,6 +188,7 @@ class Comparison:
             "reference": self.reference,
             "candidate": self.candidate,
             "observation": self.observation,
+            "parameters": self.parameters,
             "missing": self.missing,
             "extra": self.extra,
             "mismatched": self.mismatched,
@@ -194,6 +210,10 @@ class StreamingComparator:
         self.result = Comparison(reference=dict(getattr(reference, "metadata", {})), max_ulp=max_ulp,
                                  candidate=dict(metadata or {}))
         self._seen: set[tuple[str, int]] = set()
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Called by the recorder on entry: the candidate run's metadata."""
+        self.result.candidate = dict(metadata)
 
     def add(self, record: Record) -> None:
         self._seen.add(record.key)

@@ -34,6 +34,8 @@ _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
 
 
 class Sink(Protocol):
+    """Receives records in execution order; may also define ``set_metadata(dict)``, called on entry."""
+
     def add(self, record: Record) -> None: ...
 
 
@@ -85,7 +87,25 @@ def model_metadata(model: Any, path: str) -> dict[str, Any]:
         "seed": getattr(model, "ulptrace_seed", None),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "versions": library_versions(),
+        "parameters": parameter_checksums(model),
     }
+
+
+@torch.no_grad()
+def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
+    """A cheap bitwise fingerprint of every parameter (``dtype:shape:sum of bit patterns``).
+
+    Two paths of the same model must hold the same parameters; a kernel that caches a converted or
+    stale copy shows up as a differing checksum (``Comparison.parameters``). Computed on the
+    parameters' device, one reduction each.
+    """
+    from ulptrace.comparison import bits
+
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        total = int(bits(p.detach()).to(torch.int64).sum()) if p.numel() else 0
+        out[name] = f"{str(p.dtype).removeprefix('torch.')}:{'x'.join(map(str, p.shape))}:{total}"
+    return out
 
 
 class Recorder:
@@ -146,6 +166,9 @@ class Recorder:
         if self._active:
             raise RuntimeError("this Recorder is already active; create a new one to record again")
         self._active = True
+        set_metadata = getattr(self.sink, "set_metadata", None)
+        if set_metadata is not None:
+            set_metadata(self.metadata)
         try:
             self._install()
         except BaseException:

@@ -55,6 +55,15 @@ def _summary(data: dict[str, Any]) -> list[str]:
     if obs:
         verdict = "bitwise equal" if obs["bitwise_equal"] else f"DIFFERENT at steps {obs['differing_steps']}"
         lines.append(f"observation check: traced vs untraced {obs['what'].split(' of ')[0]}: {verdict}")
+    params = data.get("parameters")
+    if params and any(params.values()):
+        for key, label in (("differing", "parameters that differ"), ("only_reference", "parameters only in the reference"),
+                           ("only_candidate", "parameters only in the candidate")):
+            if params[key]:
+                more = f" (+{len(params[key]) - 5} more)" if len(params[key]) > 5 else ""
+                lines.append(f"{label}: {len(params[key])}: {', '.join(params[key][:5])}{more}")
+    elif params is not None:
+        lines.append("parameters: bitwise the same on both paths")
     for key, label in (("missing", "missing in candidate"), ("extra", "extra in candidate"),
                        ("mismatched", "shape/dtype mismatch")):
         if data[key]:

@@ -162,6 +162,10 @@ class TraceWriter:
         self._step: int | None = None
         self._closed = False
 
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Called by the recorder on entry; keys given to ``close`` later still win."""
+        self.metadata = {**metadata, **self.metadata}
+
     def add(self, record: Record) -> None:
         if self._step is not None and record.step != self._step:
             if record.step < self._step or _shard_name(record.step) in self._shards:

@@ -101,3 +101,37 @@ def bf16_scale(model):
 
         norm.forward = forward
     return _undo_all(patched)
+
+
+def stale_weight(model):
+    """Defect (error + parameter report): layer 1's post-attention norm runs on a stale weight copy."""
+    norm = model.model.layers[1].post_attention_layernorm
+    saved = norm.weight.detach().clone()
+    with torch.no_grad():
+        norm.weight.mul_(0.9)
+
+    def undo():
+        with torch.no_grad():
+            norm.weight.copy_(saved)
+
+    return undo
+
+
+def fp32_norm_output(model):
+    """Defect (boundary): post-attention norms hand their FP32 result on unrounded (the MLP casts later)."""
+    norms, mlps = [], []
+    for layer in model.model.layers:
+        norm, mlp = layer.post_attention_layernorm, layer.mlp
+
+        def norm_forward(x, norm=norm):
+            xf = x.float()
+            out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+            return out * (1.0 + norm.weight.float())
+
+        def mlp_forward(x, mlp=mlp, original=mlp.forward):
+            return original(x.to(torch.bfloat16))
+
+        norm.forward, mlp.forward = norm_forward, mlp_forward
+        norms.append(norm)
+        mlps.append(mlp)
+    return _undo_all(norms + mlps)

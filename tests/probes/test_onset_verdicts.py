@@ -22,3 +22,27 @@ def test_glu_rounded_once_is_a_boundary_at_the_glu_site(tmp_path, monkeypatch, c
     assert glu["verdicts"]["boundary"] > 0 and glu["verdicts"]["error"] == 0
     assert glu["boundary"]
     assert "layers.0.mlp.glu" in capsys.readouterr().out
+
+
+def _onset(tmp_path, monkeypatch, candidate: str, *extra: str) -> dict:
+    monkeypatch.syspath_prepend(str(HERE))
+    out = tmp_path / "onset.json"
+    assert main(["onset", "--prompts", "2", "--prompt-len", "8", "--new-tokens", "2", "--candidate", candidate,
+                 "--json", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_stale_weight_is_an_error_and_the_parameter_is_named(tmp_path, monkeypatch) -> None:
+    data = _onset(tmp_path, monkeypatch, "candidates:stale_weight")
+    assert data["parameters"]["differing"] == ["model.layers.1.post_attention_layernorm.weight"]
+    assert data["onset"] == {"step": 0, "site": "layers.1.post_attention_layernorm", "kind": "norm", "layer": 1}
+    site = next(s for s in data["sites"] if s["site"] == "layers.1.post_attention_layernorm" and s["step"] == 0)
+    assert site["verdicts"]["error"] > 0 and site["max_error_ulp"] > 0
+
+
+def test_unrounded_fp32_output_is_judged_not_hidden_by_a_cast(tmp_path, monkeypatch) -> None:
+    data = _onset(tmp_path, monkeypatch, "candidates:fp32_norm_output", "--layers", "0:1")
+    out = next(s for s in data["sites"] if s["site"] == "layers.0.post_attention_layernorm" and s["step"] == 0)
+    assert "candidate stores float32" in out["note"]
+    assert out["verdicts"]["boundary"] > 0 and out["verdicts"]["error"] == 0
+    assert data["onset"]["site"] == "layers.0.post_attention_layernorm"

@@ -11,7 +11,9 @@ is a :class:`~ulptrace.oracle.replay.Mods` plus a sentence naming the op, its in
   (upcasts and views excluded, the output op included: a kernel that emits an FP32 site in BF16);
 - ``attention``: rounding stages inside a fused attention op (see :mod:`ulptrace.oracle.attention`);
 - ``fused``: every narrow intermediate rounding removed, only the output rounded (listed only when it
-  differs from a single ``missing`` hypothesis).
+  differs from a single ``missing`` hypothesis); and, for a narrow output, everything kept in FP32;
+- ``unrounded``: the output's own narrow rounding missing (listed last among single points): only a candidate stored
+  wider than the reference (an FP32 site where HF emits BF16) can fall there.
 
 They are listed simplest first (single points in op order, then multi-point attention stages, then
 ``fused``), which is the order ties are broken in when naming the best explanation.
@@ -32,7 +34,8 @@ class Hypothesis:
     """One program modification and its name.
 
     Attributes:
-        kind: ``"missing"``, ``"added"``, ``"attention"`` or ``"fused"``.
+        kind: ``"missing"``, ``"added"``, ``"attention"``, ``"unrounded"`` (the output's own rounding
+            skipped) or ``"fused"``.
         description: the sentence shown to the user.
         op: the op index it is about (None for ``fused``).
         mods: what the replay changes.
@@ -99,9 +102,19 @@ def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
         elif dtype == torch.float32 and narrow is not None:
             added.append(Hypothesis("added", f"`{label}` (op {i}) rounded to {dtype_word(narrow)}", i,
                                     Mods(round_narrow=frozenset({i}))))
-    hypotheses = missing + added + attention
+    # the output's own narrow rounding skipped: a site that emits its FP32 result (only a candidate stored
+    # wider than the reference can land there; for a narrow candidate it admits nothing new)
+    unrounded = [i for i in out_ops if program.is_rounding_point(i) and program.result_dtype(i) in I.NARROW_DTYPES]
+    final = [Hypothesis("unrounded", f"the final {dtype_word(program.result_dtype(i))} rounding of "
+                        f"`{program.op_label(i)}` (op {i}) is missing: the result is kept in FP32", i,
+                        Mods(keep_fp32=frozenset({i}))) for i in unrounded]
+    hypotheses = missing + added + attention + final
+    every = frozenset(h.op for h in missing if h.op is not None)
     if len(missing) >= 2:
-        every = frozenset(h.op for h in missing if h.op is not None)
         hypotheses.append(Hypothesis("fused", "all intermediates fused into one final rounding", None,
                                      Mods(keep_fp32=every)))
+    if unrounded and missing:
+        hypotheses.append(Hypothesis("fused", "computed entirely in FP32, never rounded to "
+                                     f"{dtype_word(program.result_dtype(unrounded[0]))}", None,
+                                     Mods(keep_fp32=every | frozenset(unrounded))))
     return hypotheses
