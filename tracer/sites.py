@@ -81,12 +81,17 @@ def _sub(scope: torch.nn.Module, path: str) -> Any:
     return obj
 
 
+# Formulas bind the reference modules' ``forward`` *when they are built* (and the attention function
+# as registered then, with any ulptrace tap unwrapped): a candidate path that later patches a class,
+# a module-level function or HF's attention registry globally cannot change the reference semantics.
+
+
 def _call(path: str) -> Callable[[Any, Any], Formula]:
-    """Formula: call the reference's own module at ``path`` on the single input ``x``."""
+    """Formula: the reference's own module at ``path`` on the single input ``x``."""
 
     def build(scope: Any, model: Any) -> Formula:
-        module = _sub(scope, path)
-        return lambda x: module(x)
+        forward = _sub(scope, path).forward
+        return lambda x: forward(x)
 
     return build
 
@@ -99,19 +104,19 @@ def _add_then(path: str) -> Callable[[Any, Any], Formula]:
     """Formula: the decoder layer's residual add (rounds to the stream dtype), then the norm at path."""
 
     def build(scope: Any, model: Any) -> Formula:
-        module = _sub(scope, path)
-        return lambda residual, delta: module(residual + delta)
+        forward = _sub(scope, path).forward
+        return lambda residual, delta: forward(residual + delta)
 
     return build
 
 
 def _glu(scope: Any, model: Any) -> Formula:
-    act = scope.mlp.act_fn
+    act = scope.mlp.act_fn.forward
     return lambda gate, up: act(gate) * up
 
 
 def _gated_norm(scope: Any, model: Any) -> Formula:
-    norm = scope.linear_attn.norm
+    norm = scope.linear_attn.norm.forward
     return lambda x, gate: norm(x, gate)
 
 
@@ -128,7 +133,7 @@ def _gdn_beta(scope: Any, model: Any) -> Formula:
 
 def _attention_core(scope: Any, model: Any) -> Formula:
     attn = scope.self_attn
-    fn = attention_function(model)
+    fn = attention_function(model, unwrap=True)
 
     def core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask=None) -> torch.Tensor:
         return fn(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)[0]
@@ -136,29 +141,35 @@ def _attention_core(scope: Any, model: Any) -> Formula:
     return core
 
 
-def attention_function(model: Any) -> Callable[..., Any]:
-    """The attention interface function the model's config selects (HF's registry lookup)."""
+def attention_function(model: Any, *, unwrap: bool = False) -> Callable[..., Any]:
+    """The attention interface function the model's config selects (HF's registry lookup).
+
+    ``unwrap`` returns the function beneath an ulptrace tap (what HF registered), for formulas.
+    """
+    import sys
+
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     impl = model.config._attn_implementation
     if impl in (None, "eager"):
         layer = decoder_layers(model)[0]
-        import sys
-
         owner = getattr(layer, "self_attn", None) or next(
             (m for m in layer.modules() if hasattr(m, "scaling")), layer
         )
-        return sys.modules[type(owner).__module__].eager_attention_forward
-    return ALL_ATTENTION_FUNCTIONS[impl]
+        fn = sys.modules[type(owner).__module__].eager_attention_forward
+    else:
+        fn = ALL_ATTENTION_FUNCTIONS[impl]
+    tapped = getattr(fn, "__ulptrace_tap__", None)
+    return tapped.original if unwrap and tapped is not None else fn
 
 
 def _final_norm(scope: Any, model: Any) -> Formula:
-    norm = _sub(model, _resolve(_anchors(model), "", "@body.norm", None))
+    norm = _sub(model, _resolve(_anchors(model), "", "@body.norm", None)).forward
     return lambda x: norm(x)
 
 
 def _logits(scope: Any, model: Any) -> Formula:
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings().forward
     return lambda x: head(x)
 
 

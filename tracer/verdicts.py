@@ -32,6 +32,10 @@ def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 class OracleJudge:
     """Judge record pairs with the oracle, using ``reference_model``'s semantics and parameters.
 
+    Build it while only the reference path is applied: the formulas bind the reference's modules and
+    attention function at construction, so a candidate path applied later (even one that patches
+    classes or HF's attention registry globally) cannot leak into the semantics it is judged by.
+
     Args:
         reference_model: the model of the reference path (with that path applied), whose modules
             define each site's semantics.
@@ -43,6 +47,8 @@ class OracleJudge:
     def __init__(self, reference_model: Any, *, judge_reference: bool = False, hypotheses: bool = True) -> None:
         self.model = reference_model
         self.sites: dict[str, Site] = {s.name: s for s in site_table(reference_model, warn=False)}
+        # built now, before any candidate path is applied: see ulptrace.sites on binding formulas
+        self._formulas = {name: s.formula(reference_model) for name, s in self.sites.items() if s.formula}
         self.judge_reference = judge_reference
         self.hypotheses = hypotheses
         self._programs: dict[tuple, Any] = {}
@@ -61,7 +67,7 @@ class OracleJudge:
             assert site.formula is not None
             # name parameters as a kernel engineer reads them: relative to the layer ("linear_attn.A_log")
             scope = decoder_layers(self.model)[site.layer] if site.layer is not None else self.model
-            self._programs[key] = capture_semantics(site.formula(self.model), inputs, constant_names=scope,
+            self._programs[key] = capture_semantics(self._formulas[site.name], inputs, constant_names=scope,
                                                     name=site.name)
         return self._programs[key]
 

@@ -135,3 +135,37 @@ def fp32_norm_output(model):
         norms.append(norm)
         mlps.append(mlp)
     return _undo_all(norms + mlps)
+
+
+def global_attention_scale(model):
+    """Defect (error), patched *globally*: every call of HF's registered SDPA function scales scores by 1.5.
+
+    Unscoped on purpose: the oracle's reference formulas must not pick up what a candidate path installs.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ulptrace.taps import tap
+
+    def transform(args, kwargs):
+        return args, {**kwargs, "scaling": kwargs["scaling"] * 1.5}
+
+    return tap(ALL_ATTENTION_FUNCTIONS, "sdpa").add_transform(transform).remove
+
+
+def global_norm_class_patch(model):
+    """Defect (error), patched on the *class*: every Qwen3_5RMSNorm in the process uses eps = 0.1."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    original = Qwen3_5RMSNorm.forward
+
+    def forward(self, x):
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 0.1)
+        return (out * (1.0 + self.weight.float())).to(x.dtype)
+
+    Qwen3_5RMSNorm.forward = forward
+
+    def undo():
+        Qwen3_5RMSNorm.forward = original
+
+    return undo

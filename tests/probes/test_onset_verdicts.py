@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ulptrace.cli import main
 
 HERE = Path(__file__).parent
@@ -46,3 +48,15 @@ def test_unrounded_fp32_output_is_judged_not_hidden_by_a_cast(tmp_path, monkeypa
     assert "candidate stores float32" in out["note"]
     assert out["verdicts"]["boundary"] > 0 and out["verdicts"]["error"] == 0
     assert data["onset"]["site"] == "layers.0.post_attention_layernorm"
+
+
+@pytest.mark.parametrize("candidate, site", [
+    ("candidates:global_attention_scale", "layers.1.self_attn.core"),
+    ("candidates:global_norm_class_patch", "layers.0.input_layernorm"),
+])
+def test_global_patches_do_not_leak_into_the_reference_semantics(tmp_path, monkeypatch, candidate, site) -> None:
+    """Paths that patch process-wide state must still be judged against HF's semantics, not their own."""
+    data = _onset(tmp_path, monkeypatch, candidate)
+    assert (data["onset"]["site"], data["onset"]["step"]) == (site, 0)
+    first = next(s for s in data["sites"] if s["site"] == site and s["step"] == 0)
+    assert first["verdicts"]["error"] > 0
