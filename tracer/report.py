@@ -78,7 +78,16 @@ def _cells(s: dict[str, Any]) -> list[str]:
     inherited = ",".join(f"{k}:{v}" for k, v in s["input_delta"].items() if v) or "-"
     return [str(s["step"]), s["site"], s["kind"], str(s["elements"]), str(s["differing"]),
             "-" if s["max_ulp"] is None else str(s["max_ulp"]), _hist(s["histogram"]),
-            _verdicts(s["verdicts"]), inherited, s["boundary"] or ""]
+            _verdicts(s["verdicts"]), inherited, _boundary(s)]
+
+
+def _boundary(s: dict[str, Any]) -> str:
+    """The named boundary with the share of out-of-set elements it explains (a name explaining 1% of a
+    site whose other 99% are errors is a coincidence, and the reader must see that)."""
+    if not s["boundary"] or not (s["verdicts"] or {}).get("boundary"):
+        return ""
+    share = s.get("explained")
+    return s["boundary"] + (f" [explains {share:.0%}]" if share is not None else "")
 
 
 _HEAD = ["step", "site", "kind", "elements", "differing", "max ulp", "ulp histogram", "verdicts",
