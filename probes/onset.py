@@ -44,6 +44,7 @@ class RunConfig:
     steps: str | None = None
     oracle: bool = True
     check_observation: bool = False
+    check_reference: bool = False  # also judge the reference against its own semantics
     max_ulp: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -152,7 +153,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             if cfg.oracle:
                 from ulptrace.verdicts import OracleJudge
 
-                judge = OracleJudge(ref_model)
+                judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
             with apply_path(cand_model, cfg.candidate) as cand_applied:
                 say(f"streaming candidate {cfg.candidate!r} against it")
                 reference = LazyTrace(reference_dir)

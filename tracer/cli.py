@@ -42,6 +42,8 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--all", action="store_true", help="show bitwise-equal rows too")
     g.add_argument("--max-ulp", type=int, default=0, help="budget for sites without oracle semantics")
     g.add_argument("--no-oracle", action="store_true", help="skip verdicts (ULP statistics only)")
+    g.add_argument("--check-reference", action="store_true",
+                   help="also judge the reference against its own semantics (reference_outside per site)")
 
 
 def _config(args: argparse.Namespace, **overrides: Any) -> Any:
@@ -129,7 +131,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not args.no_oracle:
         from ulptrace.verdicts import judge_for_trace
 
-        judge = judge_for_trace(reference.metadata, progress=_progress)
+        judge = judge_for_trace(reference.metadata, progress=_progress, judge_reference=args.check_reference)
     data = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp).to_json()
     emit(data, args, to_table(data, all_rows=args.all))
     return 0
@@ -140,7 +142,8 @@ def cmd_onset(args: argparse.Namespace) -> int:
     from ulptrace.report import to_table
 
     cfg = _config(args, reference=args.reference, candidate=args.candidate, oracle=not args.no_oracle,
-                  check_observation=args.check_observation, max_ulp=args.max_ulp)
+                  check_observation=args.check_observation, check_reference=args.check_reference,
+                  max_ulp=args.max_ulp)
     comparison, info = run_onset(cfg, progress=_progress)
     data = comparison.to_json()
     data["run"] = info

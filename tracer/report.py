@@ -55,6 +55,13 @@ def _summary(data: dict[str, Any]) -> list[str]:
     if obs:
         verdict = "bitwise equal" if obs["bitwise_equal"] else f"DIFFERENT at steps {obs['differing_steps']}"
         lines.append(f"observation check: traced vs untraced {obs['what'].split(' of ')[0]}: {verdict}")
+    checked = [s for s in sites if s.get("reference_outside") is not None]
+    if checked:
+        outside = [s for s in checked if s["reference_outside"]]
+        lines.append(f"reference against its own semantics: {len(checked)} records checked, "
+                     + ("all admissible" if not outside else
+                        f"{sum(s['reference_outside'] for s in outside)} elements outside in {len(outside)} records "
+                        f"(first: step {outside[0]['step']} {outside[0]['site']})"))
     params = data.get("parameters")
     if params and any(params.values()):
         for key, label in (("differing", "parameters that differ"), ("only_reference", "parameters only in the reference"),

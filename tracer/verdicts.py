@@ -144,7 +144,8 @@ def _on(record: Record, device: torch.device) -> Record:
                   {k: v.to(device) for k, v in record.inputs.items()})
 
 
-def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None) -> OracleJudge | None:
+def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None, *,
+                    judge_reference: bool = False) -> OracleJudge | None:
     """Rebuild the reference model a trace was recorded from, for judging stored traces offline.
 
     Works for embedded models and local checkpoints named in the manifest; returns None (and says
@@ -164,7 +165,7 @@ def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | 
         say(f"no verdicts: cannot rebuild the reference model from the trace metadata ({exc})")
         return None
     say(f"verdicts use the semantics of {metadata['model']} on path {metadata.get('path', 'hf')!r}")
-    return OracleJudge(model)
+    return OracleJudge(model, judge_reference=judge_reference)
 
 
 def site_semantics(model_name: str, site_name: str, *, path: str = "hf", seed: int = 0) -> str:

@@ -60,3 +60,20 @@ def test_global_patches_do_not_leak_into_the_reference_semantics(tmp_path, monke
     assert (data["onset"]["site"], data["onset"]["step"]) == (site, 0)
     first = next(s for s in data["sites"] if s["site"] == site and s["step"] == 0)
     assert first["verdicts"]["error"] > 0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+@pytest.mark.parametrize("attn", ["hf", "hf:attn=eager"])
+def test_hf_is_inside_its_own_semantics_everywhere(tmp_path, model, attn) -> None:
+    """Every site with oracle semantics: HF's own output lies in the admissible set (prefill and decode)."""
+    out = tmp_path / "onset.json"
+    assert main(["onset", "--model", model, "--reference", attn, "--candidate", attn, "--prompts", "2",
+                 "--prompt-len", "8", "--new-tokens", "2", "--check-reference", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    judged = [s for s in data["sites"] if s["reference_outside"] is not None]
+    kinds = {s["kind"] for s in judged}
+    assert {"norm", "glu", "attention", "residual", "linear", "logits"} <= kinds
+    if model == "tiny-qwen3.5":
+        assert {"gated_norm", "gates"} <= kinds
+    assert [s for s in judged if s["reference_outside"]] == []
+    assert data["onset"] is None and data["first_difference"] is None
