@@ -164,6 +164,13 @@ def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | 
     except (KeyError, ValueError, OSError) as exc:
         say(f"no verdicts: cannot rebuild the reference model from the trace metadata ({exc})")
         return None
+    from ulptrace.record import parameter_checksums
+
+    recorded = metadata.get("parameters")
+    if isinstance(recorded, dict) and recorded != parameter_checksums(model):
+        say("no verdicts: the rebuilt reference model's parameters differ from the ones the trace was recorded "
+            "with (another checkpoint, seed or ulptrace version?)")
+        return None
     say(f"verdicts use the semantics of {metadata['model']} on path {metadata.get('path', 'hf')!r}")
     return OracleJudge(model, judge_reference=judge_reference)
 

@@ -37,6 +37,25 @@ def test_record_then_compare(tmp_path, capsys) -> None:
     data = json.loads(capsys.readouterr().out)
     assert data["first_difference"]["site"] == "layers.1.self_attn.core"
     assert data["reference"]["path"] == "hf" and data["candidate"]["path"] == "hf:attn=eager"
+    # with the oracle: the reference model is rebuilt from the manifest and checked against its checksums
+    assert main(["record", *SMALL, "--path", "fault:layers.0.mlp.glu@1+4", "--out", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--json", "-"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert "verdicts use the semantics of tiny-qwen3.5" in out.err
+    assert data["onset"] == {"step": 1, "site": "layers.0.mlp.glu", "kind": "glu", "layer": 0}
+    glu = next(s for s in data["sites"] if (s["site"], s["step"]) == ("layers.0.mlp.glu", 1))
+    assert glu["verdicts"]["error"] == 1 and glu["max_error_ulp"] >= 1
+    # a trace whose parameters the rebuilt model does not reproduce gets no verdicts, not wrong ones
+    manifest = tmp_path / "a" / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    meta["metadata"]["seed"] = 7
+    manifest.write_text(json.dumps(meta))
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--json", "-"]) == 0
+    out = capsys.readouterr()
+    assert "parameters differ" in out.err
+    assert all(s["verdicts"] is None for s in json.loads(out.out)["sites"])
 
 
 @pytest.mark.parametrize(
