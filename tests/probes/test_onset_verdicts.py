@@ -77,3 +77,18 @@ def test_hf_is_inside_its_own_semantics_everywhere(tmp_path, model, attn) -> Non
         assert {"gated_norm", "gates"} <= kinds
     assert [s for s in judged if s["reference_outside"]] == []
     assert data["onset"] is None and data["first_difference"] is None
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_sdpa_judged_against_eager_is_a_named_boundary_not_an_error(tmp_path, model) -> None:
+    """SDPA keeps the scores in FP32 where HF's eager path rounds them: a precision boundary, not a bug."""
+    out = tmp_path / "onset.json"
+    assert main(["onset", "--model", model, "--reference", "hf:attn=eager", "--candidate", "hf:attn=sdpa",
+                 "--prompts", "2", "--prompt-len", "8", "--new-tokens", "2", "--kinds", "attention",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    cores = [s for s in data["sites"] if s["site"].endswith("self_attn.core") and not s["bitwise_equal"]]
+    assert cores
+    assert all(s["verdicts"]["error"] == 0 and s["verdicts"]["nonfinite"] == 0 for s in cores)
+    assert any(s["verdicts"]["boundary"] for s in cores)
+    assert all(s["boundary"].startswith("fused attention") for s in cores if s["verdicts"]["boundary"])

@@ -12,6 +12,8 @@ is a :class:`~ulptrace.oracle.replay.Mods` plus a sentence naming the op, its in
 - ``attention``: rounding stages inside a fused attention op (see :mod:`ulptrace.oracle.attention`);
 - ``fused``: every narrow intermediate rounding removed, only the output rounded (listed only when it
   differs from a single ``missing`` hypothesis); and, for a narrow output, everything kept in FP32;
+- fused attention (for decomposed attention with a softmax): scores kept in FP32, probabilities rounded as
+  the reference does or unnormalised as flash kernels do;
 - ``unrounded``: the output's own narrow rounding missing (listed last among single points): only a candidate stored
   wider than the reference (an FP32 site where HF emits BF16) can fall there.
 
@@ -117,4 +119,27 @@ def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
         hypotheses.append(Hypothesis("fused", "computed entirely in FP32, never rounded to "
                                      f"{dtype_word(program.result_dtype(unrounded[0]))}", None,
                                      Mods(keep_fp32=every | frozenset(unrounded))))
-    return hypotheses
+    return hypotheses + _fused_attention_hypotheses(program, missing)
+
+
+def _fused_attention_hypotheses(program: Program, missing: list[Hypothesis]) -> list[Hypothesis]:
+    """For a decomposed attention (eager: matmul, scale, softmax, cast, matmul), what fused kernels do instead:
+    scores kept in FP32 (every narrow rounding before the softmax skipped), with the probabilities either
+    rounded as the reference does, or rounded unnormalised as flash kernels do, or kept in FP32."""
+    out: list[Hypothesis] = []
+    for op in program.ops:
+        if "softmax" not in op.name or op.index not in program.live:
+            continue
+        before = frozenset(h.op for h in missing if h.op is not None and h.op < op.index)
+        after = sorted(h.op for h in missing if h.op is not None and h.op > op.index)
+        if not before:
+            continue
+        skipped = ", ".join(f"`{program.op_label(i)}` (op {i})" for i in sorted(before))
+        word = dtype_word(program.narrow_dtype) if program.narrow_dtype is not None else "the narrow dtype"
+        head = f"fused attention around `{op.name}` (op {op.index}): scores kept in FP32 (skips {skipped})"
+        out.append(Hypothesis("attention", head, op.index, Mods(keep_fp32=before)))
+        if after:
+            probs = after[0]
+            out.append(Hypothesis("attention", f"{head}, probabilities rounded to {word} unnormalised, as flash "
+                                  "kernels do", op.index, Mods(keep_fp32=before, widen_narrow=frozenset({probs}))))
+    return out

@@ -32,15 +32,19 @@ class Mods:
         keep_fp32: ops whose narrow (BF16/FP16) rounding is removed: their result stays FP32 (or better).
         round_narrow: ops whose FP32 result is additionally rounded to the program's narrow dtype.
         attention: ``{op index: stages}`` extra rounding stages inside fused attention ops.
+        widen_narrow: ops whose narrow rounding happens at another point of the computation (flash
+            kernels round the *unnormalised* probabilities): the result is widened by one narrow unit
+            roundoff, relative, instead of being rounded onto the grid.
     """
 
     keep_fp32: frozenset[int] = frozenset()
     round_narrow: frozenset[int] = frozenset()
     attention: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    widen_narrow: frozenset[int] = frozenset()
 
     def first_op(self) -> int | None:
         """The first op index the modification touches (replay can reuse everything before it)."""
-        touched = set(self.keep_fp32) | set(self.round_narrow) | set(self.attention)
+        touched = set(self.keep_fp32) | set(self.round_narrow) | set(self.attention) | set(self.widen_narrow)
         return min(touched) if touched else None
 
 
@@ -130,6 +134,8 @@ def _round(program: Program, op_index: int, value_index: int, iv: Iv, mods: Mods
     dtype = program.values[value_index].dtype
     if not dtype.is_floating_point:
         return iv
+    if op_index in mods.widen_narrow and dtype in I.NARROW_DTYPES:
+        return I.round_iv(I.widen_rel(iv, I.unit_roundoff(dtype)), torch.float32)
     if op_index in mods.keep_fp32 and dtype in I.NARROW_DTYPES:
         dtype = torch.float32
     iv = I.round_iv(iv, dtype)
