@@ -61,6 +61,8 @@ _EXPORTS: dict[str, str] = {
     "reduce_fp32": "trees",
     "matching_trees": "trees",
     "trees_by_row": "trees",
+    # plots (matplotlib imported on first use)
+    "plot_verdict_map": "plot",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

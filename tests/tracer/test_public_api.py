@@ -12,7 +12,7 @@ PUBLIC = {
     "Recorder", "Site", "SiteDiff", "StreamingComparator", "Trace", "TraceError", "TraceWriter", "Tree",
     "UlpAssertionError", "Comparison", "__version__", "admissible", "apply_path", "assert_ulp_close",
     "build_model", "capture_semantics", "compare", "emulate", "first_difference", "inject_fault", "judge",
-    "list_models", "list_paths", "load_trace", "matching_trees", "next_down", "next_up", "onset",
+    "list_models", "list_paths", "load_trace", "matching_trees", "next_down", "next_up", "onset", "plot_verdict_map",
     "reduce_fp32", "register_path", "round_to", "site_table", "spacing", "trees_by_row", "ulp_distance",
     "ulp_histogram",
 }
