@@ -8,7 +8,8 @@ named boundary. Missing and extra records and shape/dtype mismatches are listed,
 
 The *onset* is the first (step, site), in execution order, whose candidate introduced error of its
 own: any verdict worse than ``tie``; for a site whose kind has no oracle semantics, a difference
-above ``max_ulp`` although every recorded input was bitwise equal.
+above ``max_ulp`` although every recorded input was bitwise equal; or the first site whose recorded
+inputs differ although no earlier record differs (the divergence began in unobserved code).
 """
 
 from __future__ import annotations
@@ -164,14 +165,29 @@ class Comparison:
         return next((d for d in self.sites if not d.bitwise_equal), None)
 
     def onset(self) -> SiteDiff | None:
+        return self.onset_with_reason()[0]
+
+    def onset_with_reason(self) -> tuple[SiteDiff | None, str | None]:
+        """The onset and why it is one (see the module docstring):
+
+        - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
+        - ``"unjudged"``: no oracle semantics for the kind, output differs above ``max_ulp``, inputs equal;
+        - ``"unobserved"``: the first differing record's own inputs already differ although every earlier
+          record is bitwise equal — the divergence began in code between observed sites (RoPE, the KV
+          cache, a reshape): this site is the first place it shows.
+        """
+        seen_difference = False
         for d in self.sites:
             if d.own_error:
-                return d
+                return d, "verdict"
             if d.verdicts is None and not d.bitwise_equal and d.input_delta:
                 own = all(v == 0 for v in d.input_delta.values())
                 if own and (d.max_ulp is None or d.max_ulp > self.max_ulp):
-                    return d
-        return None
+                    return d, "unjudged"
+            if not seen_difference and any(v for v in d.input_delta.values()):
+                return d, "unobserved"
+            seen_difference = seen_difference or not d.bitwise_equal
+        return None, None
 
     def to_json(self) -> dict[str, Any]:
         """The documented JSON contract (README, "JSON output"): keys are added, never renamed."""
@@ -179,11 +195,12 @@ class Comparison:
         def point(d: SiteDiff | None) -> dict[str, Any] | None:
             return None if d is None else {"step": d.step, "site": d.site, "kind": d.kind, "layer": d.layer}
 
+        onset, reason = self.onset_with_reason()
         return {
             "schema": "ulptrace.comparison",
             "version": 1,
             "first_difference": point(self.first_difference()),
-            "onset": point(self.onset()),
+            "onset": None if onset is None else {**point(onset), "reason": reason},
             "max_ulp_budget": self.max_ulp,
             "reference": self.reference,
             "candidate": self.candidate,

@@ -26,8 +26,19 @@ def _verdicts(v: dict[str, int] | None) -> str:
     return " ".join(f"{k}:{v[k]}" for k in VERDICT_ORDER if v.get(k)) or "-"
 
 
+_REASONS = {
+    "verdict": "its own verdict is worse than tie",
+    "unjudged": "no oracle semantics; it differs on bitwise-equal inputs",
+    "unobserved": "its inputs already differ while every earlier record is equal: the divergence began in "
+                  "code between observed sites",
+}
+
+
 def _point(p: dict[str, Any] | None) -> str:
-    return "none" if p is None else f"step {p['step']}, {p['site']} ({p['kind']})"
+    if p is None:
+        return "none"
+    reason = _REASONS.get(p.get("reason", ""), "")
+    return f"step {p['step']}, {p['site']} ({p['kind']})" + (f" — {reason}" if reason else "")
 
 
 def _describe(meta: dict[str, Any]) -> str:

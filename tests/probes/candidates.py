@@ -169,3 +169,19 @@ def global_norm_class_patch(model):
         Qwen3_5RMSNorm.forward = original
 
     return undo
+
+
+def rope_offset(model):
+    """Defect in code no site observes: RoPE applied one position late (a fused rotary kernel's off-by-one)."""
+    module = __import__(type(model).__module__, fromlist=["apply_rotary_pos_emb"])
+    original = module.apply_rotary_pos_emb
+
+    def shifted(q, k, cos, sin, *args, **kwargs):
+        return original(q, k, torch.roll(cos, 1, dims=-2), torch.roll(sin, 1, dims=-2), *args, **kwargs)
+
+    module.apply_rotary_pos_emb = shifted
+
+    def undo():
+        module.apply_rotary_pos_emb = original
+
+    return undo

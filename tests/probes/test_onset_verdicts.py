@@ -37,7 +37,7 @@ def _onset(tmp_path, monkeypatch, candidate: str, *extra: str) -> dict:
 def test_stale_weight_is_an_error_and_the_parameter_is_named(tmp_path, monkeypatch) -> None:
     data = _onset(tmp_path, monkeypatch, "candidates:stale_weight")
     assert data["parameters"]["differing"] == ["model.layers.1.post_attention_layernorm.weight"]
-    assert data["onset"] == {"step": 0, "site": "layers.1.post_attention_layernorm", "kind": "norm", "layer": 1}
+    assert data["onset"] == {"step": 0, "site": "layers.1.post_attention_layernorm", "kind": "norm", "layer": 1, "reason": "verdict"}
     site = next(s for s in data["sites"] if s["site"] == "layers.1.post_attention_layernorm" and s["step"] == 0)
     assert site["verdicts"]["error"] > 0 and site["max_error_ulp"] > 0
 
@@ -92,3 +92,13 @@ def test_sdpa_judged_against_eager_is_a_named_boundary_not_an_error(tmp_path, mo
     assert all(s["verdicts"]["error"] == 0 and s["verdicts"]["nonfinite"] == 0 for s in cores)
     assert any(s["verdicts"]["boundary"] for s in cores)
     assert all(s["boundary"].startswith("fused attention") for s in cores if s["verdicts"]["boundary"])
+
+
+@pytest.mark.parametrize("model, site", [("tiny-llama", "layers.0.self_attn.core"),
+                                         ("tiny-qwen3.5", "layers.1.self_attn.core")])
+def test_divergence_in_unobserved_code_is_the_onset_where_it_first_shows(tmp_path, monkeypatch, model, site) -> None:
+    """RoPE is not a site: a RoPE bug shows as attention inputs that differ while every earlier record is equal."""
+    data = _onset(tmp_path, monkeypatch, "candidates:rope_offset", "--model", model)
+    assert data["onset"] == {"step": 0, "site": site, "kind": "attention", "layer": int(site.split(".")[1]),
+                             "reason": "unobserved"}
+    assert data["first_difference"]["site"] == site

@@ -44,7 +44,7 @@ def test_record_then_compare(tmp_path, capsys) -> None:
     out = capsys.readouterr()
     data = json.loads(out.out)
     assert "verdicts use the semantics of tiny-qwen3.5" in out.err
-    assert data["onset"] == {"step": 1, "site": "layers.0.mlp.glu", "kind": "glu", "layer": 0}
+    assert data["onset"] == {"step": 1, "site": "layers.0.mlp.glu", "kind": "glu", "layer": 0, "reason": "verdict"}
     glu = next(s for s in data["sites"] if (s["site"], s["step"]) == ("layers.0.mlp.glu", 1))
     assert glu["verdicts"]["error"] == 1 and glu["max_error_ulp"] >= 1
     # a trace whose parameters the rebuilt model does not reproduce gets no verdicts, not wrong ones
