@@ -196,7 +196,7 @@ class Recorder:
             self._install_module(path, module, ats)
 
     def _install_module(self, path: str, module: torch.nn.Module, ats: set[str]) -> None:
-        if ats & {"in0", "in1", "residual"}:
+        if ats & {"in0", "in1", "residual", "cos", "sin"}:
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(path, ats), with_kwargs=True))
         if ats & {"out", "out1", "residual", "state.conv", "state.recurrent"}:
             self._handles.append(module.register_forward_hook(self._post_hook(path, ats), with_kwargs=True))
@@ -244,6 +244,12 @@ class Recorder:
             values = {"in0": _arg(args, kwargs, 0)}
             if "in1" in ats:
                 values["in1"] = _arg(args, kwargs, 1)
+            if ats & {"cos", "sin"}:
+                tables = kwargs.get("position_embeddings")
+                if tables is None and len(args) > 1 and isinstance(args[1], (tuple, list)):
+                    tables = args[1]
+                if isinstance(tables, (tuple, list)) and len(tables) == 2:
+                    values["cos"], values["sin"] = tables
             self._observe(path, values)
 
         return hook

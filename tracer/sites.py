@@ -15,6 +15,7 @@ that has the row's module. Observation points (``Obs``) are
   add+norm returns ``(normed, residual)``, otherwise the norm's own input (HF adds first),
 - ``tap.<field>``: a field of a function tap attributed to the module (GDN gates and core,
   attention q/k/v/mask/core), see ``ulptrace.taps``,
+- ``cos`` / ``sin``: the rotary tables an attention module receives (``position_embeddings``),
 - ``state.conv`` / ``state.recurrent``: a GatedDeltaNet cache state after the module ran.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-KINDS = ("norm", "gated_norm", "glu", "gates", "attention", "residual", "state", "logits", "linear", "other")
+KINDS = ("norm", "gated_norm", "glu", "gates", "rope", "attention", "residual", "state", "logits", "linear", "other")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Row:
     out: tuple[str, str]
     inputs: dict[str, tuple[str, str]] = field(default_factory=dict)
     formula: Callable[[Any, Any], Formula] | None = None  # (scope module of the reference, model) -> fn
+    absent: str | None = None  # the row applies only where this module does not exist
 
 
 def _sub(scope: torch.nn.Module, path: str) -> Any:
@@ -168,6 +170,26 @@ def _final_norm(scope: Any, model: Any) -> Formula:
     return lambda x: norm(x)
 
 
+def _rope(from_proj: bool) -> Callable[[Any, Any], Formula]:
+    """Formula: HF's ``apply_rotary_pos_emb`` on the query before RoPE — the q norm's output, or the q
+    projection's output viewed as heads where the model has no q norm."""
+
+    def build(scope: Any, model: Any) -> Formula:
+        import sys
+
+        attn = scope.self_attn
+        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        head_dim = attn.head_dim
+
+        def formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+            q = (x.view(*x.shape[:-1], -1, head_dim) if from_proj else x).transpose(1, 2)
+            return rope(q, q, cos, sin)[0]
+
+        return formula
+
+    return build
+
+
 def _logits(scope: Any, model: Any) -> Formula:
     head = model.get_output_embeddings().forward
     return lambda x: head(x)
@@ -182,6 +204,11 @@ _COMMON_LAYER_ROWS: tuple[Row, ...] = (
         {"x": ("self_attn.q_norm", "in0")}, _call("self_attn.q_norm")),
     Row("self_attn.k_norm", "norm", "self_attn.k_norm", ("self_attn.k_norm", "out"),
         {"x": ("self_attn.k_norm", "in0")}, _call("self_attn.k_norm")),
+    Row("self_attn.q_rope", "rope", "self_attn.q_norm", ("self_attn", "tap.query"),
+        {"x": ("self_attn.q_norm", "out"), "cos": ("self_attn", "cos"), "sin": ("self_attn", "sin")}, _rope(False)),
+    Row("self_attn.q_rope", "rope", "self_attn.q_proj", ("self_attn", "tap.query"),
+        {"x": ("self_attn.q_proj", "out"), "cos": ("self_attn", "cos"), "sin": ("self_attn", "sin")}, _rope(True),
+        absent="self_attn.q_norm"),
     Row("self_attn.core", "attention", "self_attn", ("self_attn", "tap.core"),
         {"query": ("self_attn", "tap.query"), "key": ("self_attn", "tap.key"),
          "value": ("self_attn", "tap.value"), "attention_mask": ("self_attn", "tap.mask")},
@@ -333,6 +360,8 @@ def site_table(model: Any, *, warn: bool = True) -> list[Site]:
 
     def instantiate(row: Row, scope_path: str, layer_index: int | None, layer: Any, ref_scope: Callable) -> None:
         if not _exists(model, _resolve(anchors, scope_path, row.module, layer)):
+            return
+        if row.absent and _exists(model, _resolve(anchors, scope_path, row.absent, layer)):
             return
         out = Obs(_resolve(anchors, scope_path, row.out[0], layer), row.out[1])
         inputs = {role: Obs(_resolve(anchors, scope_path, p, layer), at) for role, (p, at) in row.inputs.items()}

@@ -171,17 +171,45 @@ def global_norm_class_patch(model):
     return undo
 
 
-def rope_offset(model):
-    """Defect in code no site observes: RoPE applied one position late (a fused rotary kernel's off-by-one)."""
+def _patch_rope(model, replacement):
     module = __import__(type(model).__module__, fromlist=["apply_rotary_pos_emb"])
     original = module.apply_rotary_pos_emb
-
-    def shifted(q, k, cos, sin, *args, **kwargs):
-        return original(q, k, torch.roll(cos, 1, dims=-2), torch.roll(sin, 1, dims=-2), *args, **kwargs)
-
-    module.apply_rotary_pos_emb = shifted
+    module.apply_rotary_pos_emb = lambda q, k, cos, sin, *a, **kw: replacement(original, q, k, cos, sin, *a, **kw)
 
     def undo():
         module.apply_rotary_pos_emb = original
 
     return undo
+
+
+def _shift(t):
+    return torch.roll(t, 1, dims=-2)
+
+
+def rope_key_offset(model):
+    """Defect in code no site observes: the *keys* get RoPE one position late (a rotary kernel's off-by-one)."""
+
+    def rope(original, q, k, cos, sin, *a, **kw):
+        return original(q, k, cos, sin, *a, **kw)[0], original(q, k, _shift(cos), _shift(sin), *a, **kw)[1]
+
+    return _patch_rope(model, rope)
+
+
+def rope_query_offset(model):
+    """Defect (error at the q_rope site): the queries get RoPE one position late."""
+
+    def rope(original, q, k, cos, sin, *a, **kw):
+        return original(q, k, _shift(cos), _shift(sin), *a, **kw)[0], original(q, k, cos, sin, *a, **kw)[1]
+
+    return _patch_rope(model, rope)
+
+
+def rope_fp32(model):
+    """Boundary: RoPE computed in FP32 with one final rounding, as fused rotary kernels do (HF rounds the
+    two products and the sum in BF16)."""
+
+    def rope(original, q, k, cos, sin, *a, **kw):
+        out = original(q.float(), k.float(), cos.float(), sin.float(), *a, **kw)
+        return out[0].to(q.dtype), out[1].to(k.dtype)
+
+    return _patch_rope(model, rope)

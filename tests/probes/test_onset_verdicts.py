@@ -72,7 +72,7 @@ def test_hf_is_inside_its_own_semantics_everywhere(tmp_path, model, attn) -> Non
     data = json.loads(out.read_text())
     judged = [s for s in data["sites"] if s["reference_outside"] is not None]
     kinds = {s["kind"] for s in judged}
-    assert {"norm", "glu", "attention", "residual", "linear", "logits"} <= kinds
+    assert {"norm", "glu", "rope", "attention", "residual", "linear", "logits"} <= kinds
     if model == "tiny-qwen3.5":
         assert {"gated_norm", "gates"} <= kinds
     assert [s for s in judged if s["reference_outside"]] == []
@@ -98,7 +98,19 @@ def test_sdpa_judged_against_eager_is_a_named_boundary_not_an_error(tmp_path, mo
                                          ("tiny-qwen3.5", "layers.1.self_attn.core")])
 def test_divergence_in_unobserved_code_is_the_onset_where_it_first_shows(tmp_path, monkeypatch, model, site) -> None:
     """RoPE is not a site: a RoPE bug shows as attention inputs that differ while every earlier record is equal."""
-    data = _onset(tmp_path, monkeypatch, "candidates:rope_offset", "--model", model)
+    data = _onset(tmp_path, monkeypatch, "candidates:rope_key_offset", "--model", model)
     assert data["onset"] == {"step": 0, "site": site, "kind": "attention", "layer": int(site.split(".")[1]),
                              "reason": "unobserved"}
     assert data["first_difference"]["site"] == site
+
+
+@pytest.mark.parametrize("model, layer", [("tiny-llama", 0), ("tiny-qwen3.5", 1)])
+def test_rope_site_judges_rotary_variants(tmp_path, monkeypatch, model, layer) -> None:
+    site = f"layers.{layer}.self_attn.q_rope"
+    bug = _onset(tmp_path, monkeypatch, "candidates:rope_query_offset", "--model", model)
+    assert bug["onset"] == {"step": 0, "site": site, "kind": "rope", "layer": layer, "reason": "verdict"}
+    assert next(s for s in bug["sites"] if s["site"] == site and s["step"] == 0)["verdicts"]["error"] > 0
+    fused = _onset(tmp_path, monkeypatch, "candidates:rope_fp32", "--model", model, "--kinds", "rope")
+    ropes = [s for s in fused["sites"] if s["site"].endswith("q_rope") and not s["bitwise_equal"]]
+    assert ropes and all(s["verdicts"]["error"] == 0 for s in ropes)
+    assert any(s["verdicts"]["boundary"] and "fused into one final rounding" in s["boundary"] for s in ropes)
