@@ -299,8 +299,11 @@ class Recorder:
     def _on_gdn(self, args: tuple, kwargs: dict, result: Any) -> None:
         if not self._recording() or not self._gdn_stack:
             return
+        named = dict(zip(("query", "key", "value", "g", "beta", "initial_state"), args)) | kwargs
         self._observe(self._gdn_stack[-1], {
-            "tap.g": kwargs.get("g"), "tap.beta": kwargs.get("beta"), "tap.core": _first_tensor(result),
+            "tap.query": named.get("query"), "tap.key": named.get("key"), "tap.value": named.get("value"),
+            "tap.g": named.get("g"), "tap.beta": named.get("beta"), "tap.state": named.get("initial_state"),
+            "tap.core": _first_tensor(result),
         })
 
     def _on_attention(self, args: tuple, kwargs: dict, result: Any) -> None:

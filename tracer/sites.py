@@ -237,7 +237,9 @@ _GDN_ROWS: tuple[Row, ...] = (
         {"a": ("linear_attn.in_proj_a", "out")}, _gdn_g),
     Row("linear_attn.gates.beta", "gates", "linear_attn", ("linear_attn", "tap.beta"),
         {"b": ("linear_attn.in_proj_b", "out")}, _gdn_beta),
-    Row("linear_attn.core", "attention", "linear_attn", ("linear_attn", "tap.core")),
+    # the delta-rule scan has no oracle semantics yet; its recorded inputs let onset tell own from inherited error
+    Row("linear_attn.core", "attention", "linear_attn", ("linear_attn", "tap.core"),
+        {role: ("linear_attn", f"tap.{role}") for role in ("query", "key", "value", "g", "beta", "state")}),
     Row("linear_attn.conv_state", "state", "linear_attn", ("linear_attn", "state.conv")),
     Row("linear_attn.recurrent_state", "state", "linear_attn", ("linear_attn", "state.recurrent")),
     Row("linear_attn.norm", "gated_norm", "linear_attn.norm", ("linear_attn.norm", "out"),

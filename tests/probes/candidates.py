@@ -213,3 +213,17 @@ def rope_fp32(model):
         return out[0].to(q.dtype), out[1].to(k.dtype)
 
     return _patch_rope(model, rope)
+
+
+def gdn_scan_bug(model):
+    """Defect in a site without oracle semantics: the GatedDeltaNet scan's output is scaled by (1 + 2^-6)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+    from ulptrace.taps import tap
+
+    def result(args, kwargs, out):
+        return (out[0] * (1 + 2 ** -6), *out[1:])
+
+    handles = [tap(mq, name).add_result_transform(result)
+               for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")]
+    return lambda: [h.remove() for h in handles]

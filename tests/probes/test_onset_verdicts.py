@@ -114,3 +114,16 @@ def test_rope_site_judges_rotary_variants(tmp_path, monkeypatch, model, layer) -
     ropes = [s for s in fused["sites"] if s["site"].endswith("q_rope") and not s["bitwise_equal"]]
     assert ropes and all(s["verdicts"]["error"] == 0 for s in ropes)
     assert any(s["verdicts"]["boundary"] and "fused into one final rounding" in s["boundary"] for s in ropes)
+
+
+def test_a_scan_bug_is_an_onset_even_without_oracle_semantics(tmp_path, monkeypatch) -> None:
+    data = _onset(tmp_path, monkeypatch, "candidates:gdn_scan_bug")
+    assert data["onset"] == {"step": 0, "site": "layers.0.linear_attn.core", "kind": "attention", "layer": 0,
+                             "reason": "unjudged"}
+    core = next(s for s in data["sites"] if s["site"] == "layers.0.linear_attn.core" and s["step"] == 0)
+    assert core["verdicts"] is None and "no oracle semantics" in core["note"]
+    assert set(core["input_delta"]) == {"query", "key", "value", "g", "beta"}
+    assert all(v == 0 for v in core["input_delta"].values())
+    # the budget is for honest kernels without semantics (e.g. flash-linear-attention's scan)
+    tolerant = _onset(tmp_path, monkeypatch, "candidates:gdn_scan_bug", "--max-ulp", "100000", "--layers", "0:1")
+    assert tolerant["onset"] is None
