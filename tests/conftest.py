@@ -1,16 +1,14 @@
 """Shared test setup: a fixed seed for every test, and the one CUDA gate.
 
-GPU tests are marked ``@pytest.mark.gpu``; they are deselected by default (``pyproject.toml``'s
-addopts) and skipped with a reason when selected on a machine without CUDA. ``requires_cuda`` is the
-same marker, for readability at the test.
+GPU tests are marked ``@pytest.mark.gpu``, the one gate: they are deselected by default
+(``pyproject.toml``'s addopts) and skipped with a reason when selected on a machine without CUDA.
+Nothing is imported from conftest modules (a subfolder's conftest would shadow the name).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-requires_cuda = pytest.mark.gpu
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,6 +1,6 @@
 """Shared helpers of the kernel tests: readable ids, tiny HF models, ULP checks, a kernel-loop simulation.
 
-Kept out of ``conftest.py`` (tests import ``requires_cuda`` from the top-level conftest by name).
+Kept out of ``conftest.py`` so tests import it by a name no other module shadows.
 The blocked-tree simulation below is written from the CUDA source's loop structure, not from
 ``ulptrace.trees``, so comparing the two checks that the declared spec describes the kernel.
 """

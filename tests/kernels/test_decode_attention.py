@@ -6,7 +6,6 @@ import types
 
 import pytest
 import torch
-from conftest import requires_cuda
 from kernel_cases import case_id, poisoned, ulps
 from ulptrace.kernels import decode_attention, decode_attention_reference
 from ulptrace.kernels.decode_attention import tree_specs
@@ -190,7 +189,6 @@ GPU_CASES = [(b, 8, 2, length, 256) for b in (1, 2, 4, 8) for length in (1, 37, 
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("semantics,mode", [("eager", "faithful"), ("sdpa", "faithful"), ("eager", "fused")],
                          ids=["eager-faithful", "sdpa-faithful", "fused"])
 @pytest.mark.parametrize("shape", GPU_CASES, ids=case)
@@ -205,7 +203,6 @@ def test_kernel_is_bitwise_its_kernel_order_reference(shape, semantics, mode):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("mode", ["faithful", "fused"])
 def test_kernel_never_reads_masked_or_out_of_length_positions(mode):
     q, k, v = qkv(4, 8, 2, 77, 256, device="cuda")
@@ -221,7 +218,6 @@ def test_kernel_never_reads_masked_or_out_of_length_positions(mode):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("shape", [(b, 8, 2, 300, 256) for b in (1, 8)], ids=case)
 def test_faithful_eager_kernel_agrees_with_hf_on_gpu_to_the_tie_level(shape):
     q, k, v = qkv(*shape, device="cuda")

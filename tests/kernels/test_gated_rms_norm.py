@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import requires_cuda
 from kernel_cases import case_id, faithfully_rounded, poisoned, simulate_blocked, ulps
 from ulptrace.kernels import gated_rms_norm, gated_rms_norm_reference
 from ulptrace.kernels._common import blocked_launch
@@ -102,7 +101,6 @@ def test_bad_inputs_raise_clear_errors(kwargs, error, message):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("mode", ["faithful", "fused"])
 @pytest.mark.parametrize(("batch", "tokens", "n"), [(1, 1, 128), (2, 1, 128), (4, 1, 128), (8, 1, 128),
                                                     (8, 128, 128), (5, 3, 123), (2, 7, 40)],
@@ -125,7 +123,6 @@ def test_kernel_is_bitwise_its_kernel_order_reference(batch, tokens, n, mode):
 
 
 @pytest.mark.gpu
-@requires_cuda
 def test_faithful_kernel_agrees_with_hf_module_on_gpu_to_the_tie_level():
     module = hf_gated(128, torch.bfloat16).cuda()
     x, gate = inputs(8 * 64 * 16, 128, device="cuda")

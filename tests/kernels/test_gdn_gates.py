@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import requires_cuda
 from kernel_cases import QWEN35_TINY, case_id, poisoned, ulps
 from ulptrace.kernels import gdn_gates, gdn_gates_reference
 
@@ -112,7 +111,6 @@ def test_bad_inputs_raise_clear_errors(kwargs, error, message):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("mode", ["faithful", "fused"])
 @pytest.mark.parametrize(("batch", "tokens", "heads"), [(1, 1, 16), (2, 1, 16), (4, 1, 16), (8, 1, 16),
                                                         (8, 128, 16), (5, 3, 7)],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import requires_cuda
 from kernel_cases import case_id, faithfully_rounded, poisoned, ulps
 from ulptrace.kernels import glu, glu_reference
 
@@ -88,7 +87,6 @@ def test_bad_inputs_raise_clear_errors(gate, up, kwargs, error, message):
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("mode", ["faithful", "fused"])
 @pytest.mark.parametrize("shape", [(1, 1, 3584), (2, 1, 3584), (4, 1, 3584), (8, 1, 3584), (8, 128, 3584),
                                    (5, 1, 123), (3, 7, 205)],

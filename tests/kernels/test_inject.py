@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from conftest import requires_cuda
 from kernel_cases import run_steps, tiny_llama, tiny_qwen35
 from ulptrace.kernels import OPS, inject
 from ulptrace.kernels._patches import KernelRMSNorm
@@ -199,7 +198,6 @@ def test_bad_requests_raise_and_leave_the_model_unchanged(model_fn, kwargs, erro
 
 
 @pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_cuda_injection_agrees_with_hf_on_gpu(attn):
     model = tiny_qwen35(attn).cuda()
