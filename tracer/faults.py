@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import torch
-from ulptrace.sites import GDN_FUNCTIONS, Site, _sub, attention_function, site_table
+from ulptrace.sites import GDN_FUNCTIONS, Site, _sub, attention_lookup, site_table
 from ulptrace.taps import Handle, tap
 from ulptrace.ulp import next_down, next_up
 
@@ -124,12 +124,7 @@ def inject_fault(model: Any, site: str, step: int, index: tuple[int, ...] | int 
 
 
 def _attention_result_fault(model: Any, module: Any, fault: Fault) -> Handle:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    impl = model.config._attn_implementation
-    fn = attention_function(model)
-    namespace, name = ((sys.modules[fn.__module__], fn.__name__) if impl in (None, "eager")
-                       else (ALL_ATTENTION_FUNCTIONS, impl))
+    namespace, name = attention_lookup(model)
 
     def result(args: tuple, kwargs: dict, out: Any) -> Any:
         if args and args[0] is module and fault._due():

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
-from ulptrace.sites import GDN_FUNCTIONS, Obs, Site, _sub, attention_function, site_table
+from ulptrace.sites import GDN_FUNCTIONS, Obs, Site, _sub, attention_lookup, site_table
 from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, library_versions
 
@@ -216,14 +216,7 @@ class Recorder:
         return (id(namespace), name) in self._tapped
 
     def _install_attention_tap(self) -> None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        impl = self.model.config._attn_implementation
-        fn = attention_function(self.model)
-        if impl in (None, "eager"):
-            namespace, name = sys.modules[fn.__module__], fn.__name__
-        else:
-            namespace, name = ALL_ATTENTION_FUNCTIONS, impl
+        namespace, name = attention_lookup(self.model)
         if not self._has_tap(namespace, name):
             self._handles.append(tap(namespace, name).add_observer(self._on_attention))
             self._tapped.add((id(namespace), name))

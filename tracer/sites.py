@@ -143,11 +143,10 @@ def _attention_core(scope: Any, model: Any) -> Formula:
     return core
 
 
-def attention_function(model: Any, *, unwrap: bool = False) -> Callable[..., Any]:
-    """The attention interface function the model's config selects (HF's registry lookup).
-
-    ``unwrap`` returns the function beneath an ulptrace tap (what HF registered), for formulas.
-    """
+def attention_lookup(model: Any) -> tuple[Any, str]:
+    """Where HF looks up the model's attention function at call time: ``(namespace, name)`` — the
+    modeling module's ``eager_attention_forward``, or an entry of ``ALL_ATTENTION_FUNCTIONS`` (the
+    place a tap must stand, see ``ulptrace.taps``)."""
     import sys
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -158,9 +157,17 @@ def attention_function(model: Any, *, unwrap: bool = False) -> Callable[..., Any
         owner = getattr(layer, "self_attn", None) or next(
             (m for m in layer.modules() if hasattr(m, "scaling")), layer
         )
-        fn = sys.modules[type(owner).__module__].eager_attention_forward
-    else:
-        fn = ALL_ATTENTION_FUNCTIONS[impl]
+        return sys.modules[type(owner).__module__], "eager_attention_forward"
+    return ALL_ATTENTION_FUNCTIONS, impl
+
+
+def attention_function(model: Any, *, unwrap: bool = False) -> Callable[..., Any]:
+    """The attention interface function the model's config selects (HF's registry lookup).
+
+    ``unwrap`` returns the function beneath an ulptrace tap (what HF registered), for formulas.
+    """
+    namespace, name = attention_lookup(model)
+    fn = getattr(namespace, name) if name == "eager_attention_forward" else namespace[name]
     tapped = getattr(fn, "__ulptrace_tap__", None)
     return tapped.original if unwrap and tapped is not None else fn
 
