@@ -167,7 +167,8 @@ def _tree_sentence(data: dict[str, Any]) -> str:
 def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     """Record both paths (norm sites only), judge, analyse trees; returns the JSON report."""
     from ulptrace.comparison import compare
-    from ulptrace.probes.onset import RunConfig, record_pair
+    from ulptrace.probes.onset import record_pair
+    from ulptrace.run import RunConfig
     from ulptrace.trees import DEFAULT_TREES, Tree
     from ulptrace.verdicts import OracleJudge
 

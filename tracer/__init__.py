@@ -50,6 +50,13 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "comparison",
     "SiteDiff": "comparison",
     "StreamingComparator": "comparison",
+    # the run layer
+    "RunConfig": "run",
+    "Session": "run",
+    "DecodeState": "run",
+    "MODES": "run",
+    "make_prompts": "run",
+    "greedy": "run",
     # oracle and reduction trees
     "capture_semantics": "oracle",
     "judge": "oracle",

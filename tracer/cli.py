@@ -46,8 +46,17 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
                    help="also judge the reference against its own semantics (reference_outside per site)")
 
 
+def add_mode_option(group: Any, flag: str, what: str) -> None:
+    """A run-mode option (``--mode``, ``--reference-mode``, ``--candidate-mode``)."""
+    from ulptrace.run import MODES
+
+    group.add_argument(flag, default="eager", choices=MODES,
+                       help=f"how {what} runs: eager (dynamic cache), static (static cache), graph (static cache, "
+                            "decode steps replayed from a CUDA graph; needs --device cuda)")
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Any:
-    from ulptrace.probes.onset import RunConfig
+    from ulptrace.run import RunConfig
 
     fields = dict(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                   seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites, kinds=args.kinds,
@@ -97,22 +106,24 @@ def cmd_paths(args: argparse.Namespace) -> int:
 def cmd_record(args: argparse.Namespace) -> int:
     import torch
     from ulptrace.models import build_model
-    from ulptrace.paths import apply_path
-    from ulptrace.probes.onset import _dtype, _selected_sites, greedy, make_prompts
+    from ulptrace.paths import apply_path, resolve_path
     from ulptrace.record import Recorder
+    from ulptrace.run import greedy, make_prompts, run_metadata, selected_sites, torch_dtype
     from ulptrace.sites import parse_range
     from ulptrace.trace import TraceWriter
 
-    cfg = _config(args)
-    model = build_model(cfg.model, dtype=_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    cfg = _config(args, reference=args.path, reference_mode=args.mode)
+    cfg.validate()
+    resolve_path(args.path)
+    model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
     prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     with apply_path(model, args.path) as applied:
         writer = TraceWriter(args.out)
-        meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "path_info": applied.info}
+        meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info}
         try:
-            with Recorder(model, sites=_selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
+            with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
                           path=args.path, metadata=meta) as rec, torch.no_grad():
-                tokens = greedy(model, prompts, cfg.new_tokens)
+                tokens = greedy(model, prompts, cfg.new_tokens, mode=args.mode)
         except BaseException:
             writer.abort()
             raise
@@ -141,7 +152,8 @@ def cmd_onset(args: argparse.Namespace) -> int:
     from ulptrace.probes.onset import run_onset
     from ulptrace.report import to_table
 
-    cfg = _config(args, reference=args.reference, candidate=args.candidate, oracle=not args.no_oracle,
+    cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
+                  candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
                   max_ulp=args.max_ulp)
     comparison, info = run_onset(cfg, progress=_progress)
@@ -172,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("record", help="record one path's trace to a directory")
     add_run_options(p)
     p.add_argument("--path", default="hf", help="path to record (default hf)")
+    add_mode_option(p, "--mode", "the path")
     p.add_argument("--out", required=True, help="trace directory to create")
     p.set_defaults(fn=cmd_record)
 
@@ -183,8 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("onset", help="record both paths (streaming) and report where divergence begins")
     add_run_options(p)
-    p.add_argument("--reference", default="hf")
-    p.add_argument("--candidate", default="hf")
+    p.add_argument("--reference", default="hf", help="the reference path (default hf; `ulptrace paths` lists them)")
+    p.add_argument("--candidate", default="hf", help="the path under test: a registered name or package.module:function")
+    add_mode_option(p, "--reference-mode", "the reference")
+    add_mode_option(p, "--candidate-mode", "the candidate")
     p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
     p.add_argument("--fail-on-onset", action="store_true", help="exit 1 when an onset is found")
     add_report_options(p)

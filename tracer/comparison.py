@@ -86,8 +86,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(width)
 
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(torch.equal(bits(a), bits(b)))
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same shape, dtype and bit patterns (NaN payloads and signed zeros count)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
@@ -121,7 +122,7 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
     diff = SiteDiff(
         site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
         elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
-        bitwise_equal=_bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
+        bitwise_equal=bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
         shape=list(ref.shape), input_delta=inputs, note=note,
     )
     if judge is not None:

@@ -16,6 +16,12 @@ Sinks decide what is kept:
 
 Observation never changes numerics: hooks only read (tensors are cloned), and
 ``check_observation`` re-runs the model untraced to prove the final logits are bitwise equal.
+
+CUDA graphs: hooks fire while a graph is captured, never when it replays. Between
+``begin_capture()`` and ``end_capture()`` (``ulptrace.run.Session`` calls them) the recorder copies
+what it observes into tensors allocated inside the capture — buffers that belong to the graph and are
+rewritten by every replay — and emits nothing; ``replayed()`` then counts one step and emits that
+step's records from the buffers. Nothing in a capture talks to the host: sinks run after replay.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, library_versions
 
 _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
+RECORDERS_ATTR = "__ulptrace_recorders__"  # the model's active recorders, for ulptrace.run
 
 
 class Sink(Protocol):
@@ -153,6 +160,9 @@ class Recorder:
         self._tapped: set[tuple[int, str]] = set()
         self._paths: dict[int, str] | None = None
         self._active = False
+        self._paused = 0
+        self._capturing = False
+        self._templates: list[Record] = []  # records of a captured graph step (their tensors are graph buffers)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -174,6 +184,8 @@ class Recorder:
         except BaseException:
             self._remove()
             raise
+        # the run layer finds active recorders here (CUDA-graph capture and replay, warm-up pauses)
+        self.model.__dict__.setdefault(RECORDERS_ATTR, []).append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -184,6 +196,42 @@ class Recorder:
             handle.remove()
         self._handles = []
         self._active = False
+        active = self.model.__dict__.get(RECORDERS_ATTR, [])
+        if self in active:
+            active.remove(self)
+        if not active:
+            self.model.__dict__.pop(RECORDERS_ATTR, None)
+
+    # -- run-layer protocol: warm-up pauses, CUDA-graph capture and replay -----------------------
+    def pause(self) -> None:
+        """Stop observing (nestable) — forwards that are not part of the run, such as graph warm-up."""
+        self._paused += 1
+
+    def resume(self) -> None:
+        self._paused = max(0, self._paused - 1)
+
+    def begin_capture(self) -> None:
+        """The next root forward is being captured into a CUDA graph: observe into graph buffers."""
+        self._capturing, self._templates = True, []
+
+    def end_capture(self) -> None:
+        self._capturing = False
+
+    def replayed(self) -> None:
+        """The captured step was replayed: count one step and emit its records from the graph buffers."""
+        self.step += 1
+        if not self._recording():
+            return
+        copies: dict[int, torch.Tensor] = {}  # buffers shared between records are copied once
+
+        def own(t: torch.Tensor) -> torch.Tensor:
+            if id(t) not in copies:
+                copies[id(t)] = t.clone()
+            return copies[id(t)]
+
+        for r in self._templates:
+            self.sink.add(Record(r.site, self.step, r.kind, r.layer, own(r.out),
+                                 {k: own(v) for k, v in r.inputs.items()}))
 
     def _install(self) -> None:
         model = self.model
@@ -223,11 +271,18 @@ class Recorder:
 
     # -- hooks ---------------------------------------------------------------------------------
     def _on_step(self, module: Any, args: Any) -> None:
-        self.step += 1
+        if self._paused:
+            return
+        if not self._capturing:  # a captured step counts when it is replayed
+            self.step += 1
         self._buffer = {}
         self._calls = defaultdict(int)
 
     def _recording(self) -> bool:
+        if self._paused:
+            return False
+        if self._capturing:  # every step a replay may stand for; replayed() applies the step filter
+            return True
         return self.step >= 0 and (self.steps is None or self.step in self.steps)
 
     def _pre_hook(self, path: str, ats: set[str]) -> Callable:
@@ -340,11 +395,8 @@ class Recorder:
                 value = self._buffer.get(obs.key)
                 if value is not None:
                     inputs[role] = value
-        self.sink.add(Record(name, self.step, site.kind, site.layer, out, inputs))
-
-
-def record(model: torch.nn.Module, run: Callable[[], Any], **kwargs: Any) -> Trace:
-    """Record ``run()`` (e.g. ``lambda: model(ids)``) into an in-memory trace."""
-    with Recorder(model, **kwargs) as recorder:
-        run()
-    return recorder.trace
+        record = Record(name, self.step, site.kind, site.layer, out, inputs)
+        if self._capturing:
+            self._templates.append(record)
+        else:
+            self.sink.add(record)

@@ -15,18 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from ulptrace.comparison import bitwise_equal
 from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 
 VERDICTS = ("exact", "tie", "boundary", "error", "nonfinite")
 STRUCTURAL_INPUTS = ("attention_mask",)
 _CALL_SUFFIX = re.compile(r"#\d+$")
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    from ulptrace.comparison import _bitwise_equal
-
-    return a.shape == b.shape and a.dtype == b.dtype and _bitwise_equal(a, b)
 
 
 class OracleJudge:
@@ -81,7 +76,7 @@ class OracleJudge:
         if missing:
             return {"verdicts": None, "note": f"reference record lacks oracle input(s) {missing}"}
         out: dict[str, Any] = {}
-        same = _bits_equal(reference.out, candidate.out)
+        same = bitwise_equal(reference.out, candidate.out)
         if same and not self.judge_reference:
             return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}}
         try:
@@ -179,8 +174,8 @@ def site_semantics(model_name: str, site_name: str, *, path: str = "hf", seed: i
     """The printable op list of the reference semantics at ``site_name`` (e.g. where HF rounds)."""
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path
-    from ulptrace.probes.onset import greedy, make_prompts
     from ulptrace.record import Recorder
+    from ulptrace.run import greedy, make_prompts
     from ulptrace.sites import select
 
     model = build_model(model_name, seed=seed)

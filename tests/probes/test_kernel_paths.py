@@ -9,7 +9,8 @@ from __future__ import annotations
 import collections
 
 import pytest
-from ulptrace.probes.onset import RunConfig, run_onset
+from ulptrace.probes.onset import run_onset
+from ulptrace.run import RunConfig
 
 
 def _by_site(comparison):

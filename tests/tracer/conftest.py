@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ulptrace.models import build_model
-from ulptrace.probes.onset import make_prompts
+from ulptrace.run import make_prompts
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ulptrace.models import MODELS, build_model, list_models
-from ulptrace.probes.onset import greedy, make_prompts
+from ulptrace.run import greedy, make_prompts
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])

@@ -14,7 +14,7 @@ PUBLIC = {
     "build_model", "capture_semantics", "compare", "emulate", "first_difference", "inject_fault", "judge",
     "list_models", "list_paths", "load_trace", "matching_trees", "next_down", "next_up", "onset", "plot_verdict_map",
     "reduce_fp32", "register_path", "round_to", "site_table", "spacing", "trees_by_row", "ulp_distance",
-    "ulp_histogram",
+    "ulp_histogram", "RunConfig", "Session", "DecodeState", "MODES", "make_prompts", "greedy",
 }
 
 
@@ -60,3 +60,20 @@ def test_public_names_are_not_shadowed_by_submodules() -> None:
 
     for name in ulptrace.__all__:
         assert not isinstance(getattr(ulptrace, name), types.ModuleType), name
+
+
+def test_core_never_imports_probes() -> None:
+    """Layers point down: only the CLI (which wires probes) may import ``ulptrace.probes``."""
+    import ast
+    from pathlib import Path
+
+    core = Path(ulptrace.__file__).parent
+    offenders = []
+    for path in sorted(core.rglob("*.py")):
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("ulptrace.probes")]
+    assert offenders == []

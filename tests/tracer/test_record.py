@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ulptrace.models import build_model
-from ulptrace.probes.onset import greedy
+from ulptrace.run import greedy
 from ulptrace.record import Recorder
 from ulptrace.sites import select, site_table
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from ulptrace.comparison import StreamingComparator, compare
 from ulptrace.faults import inject_fault
-from ulptrace.probes.onset import RunConfig, greedy, run_onset
+from ulptrace.probes.onset import run_onset
+from ulptrace.run import RunConfig, greedy
 from ulptrace.record import Recorder
 from ulptrace.trace import LazyTrace, TraceError, load_trace
 

@@ -1,0 +1,460 @@
+"""The run layer: how ulptrace makes a run — configuration, prompts, greedy decoding in three modes,
+and snapshot/restore of the whole decoding state.
+
+Every diagnostic (onset, ``trace_norm_rounding``, the parity matrix, lockstep, batch invariance)
+needs the same things, so they live here once, in the core, and probes build on them:
+
+- ``RunConfig`` and ``make_prompts``: what to run (model, paths, modes, prompts, selection).
+- ``Session``: one model decoding one batch, step by step, in a *mode* independent of the path:
+
+  - ``eager``  — HF's dynamic cache (what ``model(ids, use_cache=True)`` does);
+  - ``static`` — transformers' ``StaticCache`` sized for the run, positions passed explicitly
+    (keys/values padded to the cache length and masked);
+  - ``graph``  — ``static``, with the decode step captured once into a CUDA graph and replayed.
+    Forward hooks do not fire on replay: active ``Recorder``\\ s are told to copy what they observe
+    into buffers owned by the graph during capture, and emit them after every replay. Warm-up runs
+    on a snapshot that is restored, so capturing changes nothing that is then decoded.
+
+- ``greedy``: greedy decoding (EOS disabled) with optional *forced* tokens, so two paths see the
+  same inputs at every step.
+- ``snapshot`` / ``restore``: the complete decoding state — every tensor and flag of the cache
+  (KV caches static or dynamic, GatedDeltaNet conv and recurrent states, lengths) plus the
+  position and the next tokens. Restoring writes into the existing tensors where shapes agree, so a
+  captured graph keeps reading the right memory; round trips are bitwise.
+
+Only this module knows the transformers-version differences of the cache API (``cache`` vs
+``past_key_values``).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from ulptrace.models import DEFAULT_MODEL
+
+MODES = ("eager", "static", "graph")
+"""Run modes: dynamic cache, static cache, static cache with CUDA-graph decode steps."""
+
+DTYPES = ("bfloat16", "float16", "float32")
+"""Model dtypes a run accepts (the dtypes HF checkpoints and ulptrace's ULP statistics cover)."""
+
+
+@dataclass
+class RunConfig:
+    """What to run: model, paths and their modes, prompts, and which sites/steps to record."""
+
+    model: str = DEFAULT_MODEL
+    reference: str = "hf"
+    candidate: str = "hf"
+    reference_mode: str = "eager"
+    candidate_mode: str = "eager"
+    prompts: int = 2
+    prompt_len: int = 16
+    new_tokens: int = 4
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    sites: Sequence[str] | None = None  # glob patterns
+    kinds: Sequence[str] | None = None
+    layers: str | None = None  # "2:5"
+    steps: str | None = None
+    oracle: bool = True
+    check_observation: bool = False
+    check_reference: bool = False  # also judge the reference against its own semantics
+    max_ulp: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Check what can be checked before any model is built; raises ``ValueError`` naming the field."""
+        for name in ("reference_mode", "candidate_mode"):
+            check_mode(getattr(self, name), self.device, what=name.replace("_", "-"))
+        torch_dtype(self.dtype)
+        check_device(self.device)
+        if self.prompts < 1 or self.prompt_len < 1:
+            raise ValueError(f"--prompts and --prompt-len must be >= 1, but got {self.prompts} and {self.prompt_len}")
+        if self.new_tokens < 1:
+            raise ValueError(f"--new-tokens must be >= 1 (1 = the prefill only), but got {self.new_tokens}")
+
+
+def check_mode(mode: str, device: str | torch.device, *, what: str = "mode") -> str:
+    """``mode`` if it is a known run mode usable on ``device``; else ``ValueError`` saying why."""
+    if mode not in MODES:
+        raise ValueError(f"--{what} must be one of {', '.join(MODES)}, but got {mode!r}")
+    if mode == "graph" and torch.device(device).type != "cuda":
+        raise ValueError(f"--{what} graph replays CUDA graphs and needs a CUDA device, but the device is "
+                         f"{str(device)!r}" + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
+    return mode
+
+
+def check_device(device: str) -> torch.device:
+    """The torch device named ``device`` when it exists here; else ``ValueError`` saying what exists."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device must be a torch device such as cpu or cuda:0, but got {device!r}") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {device}: no CUDA device is available on this machine (use --device cpu)")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        raise ValueError(f"--device must be cpu or cuda[:N], but got {device!r}")
+    return dev
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The model dtype named ``name`` (one of ``DTYPES``); else ``ValueError`` listing them."""
+    if name not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, but got {name!r}")
+    return getattr(torch, name)
+
+
+def make_prompts(vocab_size: int, prompts: int, prompt_len: int, seed: int, device: str = "cpu") -> torch.Tensor:
+    """Seeded random token ids ``[prompts, prompt_len]`` (no padding, so rows are independent)."""
+    if prompts < 1 or prompt_len < 1:
+        raise ValueError(f"prompts and prompt_len must be >= 1, but got {prompts} and {prompt_len}")
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (prompts, prompt_len), generator=gen).to(device)
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name under which the model's forward takes its cache (``cache`` in newer transformers)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+
+# -- decoding state ------------------------------------------------------------------------------
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, (torch.device, torch.dtype)):
+        return value
+    return copy.deepcopy(value)
+
+
+def _write(current: Any, saved: Any) -> Any:
+    """``saved`` written into ``current`` in place where a tensor of the same layout exists; else a copy."""
+    if isinstance(saved, torch.Tensor):
+        if (isinstance(current, torch.Tensor) and current.shape == saved.shape and current.dtype == saved.dtype
+                and current.device == saved.device):
+            current.copy_(saved)
+            return current
+        return saved.clone()
+    if isinstance(saved, dict):
+        base = current if isinstance(current, dict) else {}
+        return {k: _write(base.get(k), v) for k, v in saved.items()}
+    return _clone(saved)
+
+
+def _objects(cache: Any) -> list[Any]:
+    """The objects that hold a cache's state: the cache itself and each of its layers."""
+    return [cache] + list(getattr(cache, "layers", None) or [])
+
+
+@dataclass
+class DecodeState:
+    """Everything a decode step depends on: the cache's state, the next position and tokens."""
+
+    cache: list[dict[str, Any]]  # per state-holding object (cache, then its layers): attribute -> value
+    position: int  # the cache position of the next token
+    tokens: torch.Tensor | None  # the next tokens to feed ``[batch, 1]``
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every state tensor by a stable name (``layers.3.recurrent_states.0``), for comparisons."""
+        out: dict[str, torch.Tensor] = {}
+
+        def walk(prefix: str, value: Any) -> None:
+            if isinstance(value, torch.Tensor):
+                out[prefix] = value
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    walk(f"{prefix}.{k}", v)
+
+        for i, attrs in enumerate(self.cache):
+            for name, value in attrs.items():
+                walk(f"layers.{i - 1}.{name}" if i else name, value)
+        return out
+
+
+_SKIP = ("layers", "layer_class_to_replicate", "prefetch_stream")
+
+
+def snapshot_cache(cache: Any) -> list[dict[str, Any]]:
+    """A deep copy of every attribute of ``cache`` and its layers (tensors cloned)."""
+    return [{k: _clone(v) for k, v in vars(obj).items() if k not in _SKIP} for obj in _objects(cache)]
+
+
+def restore_cache(cache: Any, saved: list[dict[str, Any]]) -> None:
+    """Write a ``snapshot_cache`` result back into ``cache`` (same structure), in place where possible."""
+    objects = _objects(cache)
+    if len(objects) != len(saved):
+        raise ValueError(f"cannot restore a state of {len(saved) - 1} cache layers into a cache of "
+                         f"{len(objects) - 1} layers")
+    for obj, attrs in zip(objects, saved):
+        for name, value in attrs.items():
+            setattr(obj, name, _write(getattr(obj, name, None), value))
+
+
+# -- sessions ------------------------------------------------------------------------------------
+
+def _recorders(model: Any) -> list[Any]:
+    from ulptrace.record import RECORDERS_ATTR
+
+    return list(model.__dict__.get(RECORDERS_ATTR, ()))
+
+
+class Session:
+    """One model decoding one batch step by step, in ``mode`` (see the module docstring).
+
+    ``prefill(ids)`` then ``step(tokens)`` repeatedly; each returns the last position's logits
+    ``[batch, vocab]``. ``snapshot()`` / ``restore(state)`` save and reinstate the whole decoding
+    state (also from another session of the same model shape, which is how lockstep works).
+
+    Args:
+        model: an HF causal LM.
+        mode: one of ``MODES``.
+        max_len: cache length for ``static``/``graph`` (prompt + new tokens; required there).
+    """
+
+    def __init__(self, model: Any, mode: str = "eager", *, max_len: int | None = None) -> None:
+        param = next(model.parameters())
+        check_mode(mode, param.device)
+        if mode != "eager" and max_len is None:
+            raise ValueError(f"mode {mode!r} needs max_len (prompt length + new tokens) to size its static cache")
+        self.model, self.mode, self.max_len = model, mode, max_len
+        self.device = param.device
+        self._kwarg = cache_kwarg(model)
+        self.cache: Any = None
+        self.position = 0
+        self.tokens: torch.Tensor | None = None
+        self._graph: Any = None
+        self._static_in: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._static_logits: torch.Tensor | None = None
+        self.replays = 0
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor | None) -> Any:
+        kwargs: dict[str, Any] = {"use_cache": True}
+        if self.cache is not None:
+            kwargs[self._kwarg] = self.cache
+        if positions is not None:
+            kwargs["cache_position"] = positions
+        return self.model(ids, **kwargs)
+
+    @torch.no_grad()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ``[batch, len]``; returns the last position's logits."""
+        if self.cache is not None:
+            raise RuntimeError("this session has already run its prefill; create a new Session for a new batch")
+        if self.mode != "eager":
+            if ids.shape[1] >= self.max_len:
+                raise ValueError(f"the prompt ({ids.shape[1]} tokens) must be shorter than the static cache "
+                                 f"({self.max_len} positions)")
+            from transformers import StaticCache
+
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.max_len)
+            out = self._forward(ids, torch.arange(ids.shape[1], device=self.device))
+        else:
+            out = self._forward(ids, None)
+            self.cache = _output_cache(out)
+        self.position = ids.shape[1]
+        return out.logits[:, -1]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` ``[batch, 1]`` at the next position; returns that position's logits."""
+        if self.cache is None:
+            raise RuntimeError("call prefill() before step()")
+        if self.mode != "eager" and self.position >= self.max_len:
+            raise ValueError(f"the static cache holds {self.max_len} positions; position {self.position} "
+                             "does not fit (raise max_len)")
+        if self.mode == "graph":
+            logits = self._replay(tokens)
+        elif self.mode == "static":
+            logits = self._forward(tokens, torch.tensor([self.position], device=self.device)).logits[:, -1]
+        else:
+            out = self._forward(tokens, None)
+            self.cache = _output_cache(out) or self.cache
+            logits = out.logits[:, -1]
+        self.position += 1
+        return logits
+
+    # -- CUDA graphs ---------------------------------------------------------------------------
+    def _replay(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self._graph is None:
+            self._capture(tokens)
+        ids, pos = self._static_in  # type: ignore[misc]
+        ids.copy_(tokens)
+        pos.fill_(self.position)
+        self._graph.replay()
+        self.replays += 1
+        for recorder in _recorders(self.model):
+            recorder.replayed()
+        return self._static_logits.clone()  # type: ignore[union-attr]
+
+    def _capture(self, tokens: torch.Tensor) -> None:
+        """Capture one decode step; warm-up runs on a snapshot that is restored afterwards."""
+        ids = tokens.clone()
+        pos = torch.tensor([self.position], device=self.device)
+        saved = self.snapshot()
+        recorders = _recorders(self.model)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), _paused(recorders):
+            for _ in range(2):  # warm-up: lazy initialisation, cuBLAS handles, autotuning
+                self._forward(ids, pos)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        self.restore(saved)
+        graph = torch.cuda.CUDAGraph()
+        for recorder in recorders:
+            recorder.begin_capture()
+        try:
+            with torch.cuda.graph(graph):
+                out = self._forward(ids, pos)
+                logits = out.logits[:, -1]
+        finally:
+            for recorder in recorders:
+                recorder.end_capture()
+        torch.cuda.synchronize(self.device)
+        self.restore(saved)  # capture does not run kernels, but keep the host-side state exact too
+        self._graph, self._static_in, self._static_logits = graph, (ids, pos), logits
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> DecodeState:
+        """The complete decoding state (cache tensors cloned, flags copied, position, next tokens)."""
+        if self.cache is None:
+            raise RuntimeError("nothing to snapshot before prefill()")
+        tokens = None if self.tokens is None else self.tokens.clone()
+        return DecodeState(snapshot_cache(self.cache), self.position, tokens)
+
+    def restore(self, state: DecodeState) -> None:
+        """Reinstate ``state`` (bitwise; in place where tensors keep their layout)."""
+        if self.cache is None:
+            raise RuntimeError("restore() needs a session that has run its prefill (the cache must exist)")
+        restore_cache(self.cache, state.cache)
+        self.position = state.position
+        self.tokens = None if state.tokens is None else state.tokens.clone()
+
+
+class _paused:
+    """Pause recorders (warm-up forwards are not part of the run)."""
+
+    def __init__(self, recorders: list[Any]) -> None:
+        self.recorders = recorders
+
+    def __enter__(self) -> None:
+        for r in self.recorders:
+            r.pause()
+
+    def __exit__(self, *exc: object) -> None:
+        for r in self.recorders:
+            r.resume()
+
+
+@torch.no_grad()
+def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.Tensor | None = None,
+           on_logits: Callable[[int, torch.Tensor], None] | None = None, *, mode: str = "eager",
+           session: Session | None = None) -> torch.Tensor:
+    """Greedy decoding, EOS disabled: one prefill forward then ``new_tokens - 1`` decode forwards.
+
+    Returns the model's own argmax choice at every step ``[batch, new_tokens]``. With ``forced``
+    (``[batch, >= new_tokens - 1]``), the *forced* token is fed back instead, so two paths see the
+    same inputs at every step. ``mode`` picks the cache and graph mode (``MODES``); pass a
+    ``session`` to keep the decoding state afterwards.
+    """
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1 (1 = the prefill only), but got {new_tokens}")
+    if forced is not None and forced.shape[-1] < new_tokens - 1:
+        raise ValueError(f"forced tokens must cover {new_tokens - 1} decode steps, but got {forced.shape[-1]}")
+    if session is None:
+        session = Session(model, mode, max_len=input_ids.shape[1] + new_tokens)
+    logits = session.prefill(input_ids)
+    chosen = []
+    for step in range(new_tokens):
+        if on_logits is not None:
+            on_logits(step, logits)
+        token = logits.argmax(-1, keepdim=True)
+        chosen.append(token)
+        feed = forced[:, step : step + 1].to(token.device) if forced is not None and step + 1 < new_tokens else token
+        session.tokens = feed
+        if step + 1 == new_tokens:
+            break
+        logits = session.step(feed)
+    return torch.cat(chosen, dim=1)
+
+
+# -- runs of a configuration ---------------------------------------------------------------------
+
+def selected_sites(model: Any, cfg: RunConfig) -> list:
+    """The sites of ``model`` that ``cfg`` selects (globs, kinds, layer range)."""
+    from ulptrace.sites import parse_range, select, site_table
+
+    return select(site_table(model), cfg.sites, cfg.kinds, parse_range(cfg.layers))
+
+
+def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
+    """Two copies of ``cfg.model`` (same seed: same weights) and the seeded prompts.
+
+    Everything that can be checked without a model (paths, modes, dtype, device, ranges) is
+    checked first, so bad input fails before minutes of model building.
+    """
+    from ulptrace.models import build_model
+    from ulptrace.paths import resolve_path
+    from ulptrace.sites import parse_range
+
+    cfg.validate()
+    resolve_path(cfg.reference), resolve_path(cfg.candidate)
+    parse_range(cfg.steps), parse_range(cfg.layers)
+    dtype = torch_dtype(cfg.dtype)
+    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    prompts = make_prompts(ref_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
+    return ref_model, cand_model, prompts
+
+
+def run_metadata(cfg: RunConfig, prompts: torch.Tensor, mode: str) -> dict[str, Any]:
+    """What a trace records about the run's inputs (compared before two traces are aligned)."""
+    return {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed, "mode": mode}
+
+
+def first_flip(ref_tokens: torch.Tensor, cand_tokens: torch.Tensor) -> dict[str, int] | None:
+    """The earliest step at which the candidate's own greedy choice differs (and a row where it does)."""
+    flips = (ref_tokens != cand_tokens).nonzero().tolist()
+    if not flips:
+        return None
+    step = min(f[1] for f in flips)
+    return {"row": next(r for r, t in flips if t == step), "step": step}
+
+
+@torch.no_grad()
+def check_observation(model: Any, prompts: torch.Tensor, new_tokens: int, tokens: torch.Tensor,
+                      traced: dict[int, torch.Tensor], *, mode: str = "eager") -> dict[str, Any]:
+    """Re-run untraced with the same tokens; the last-position logits must be bitwise equal at every step."""
+    from ulptrace.comparison import bitwise_equal
+
+    untraced: dict[int, torch.Tensor] = {}
+    greedy(model, prompts, new_tokens, forced=tokens, mode=mode,
+           on_logits=lambda s, l: untraced.__setitem__(s, l.clone()))
+    differing = [s for s in traced if not bitwise_equal(traced[s], untraced[s])]
+    return {
+        "checked": True,
+        "bitwise_equal": not differing,
+        "steps": len(traced),
+        "differing_steps": differing,
+        "what": f"final-position logits of a traced vs an untraced run ({mode} mode), every step",
+    }
