@@ -290,8 +290,11 @@ def _decode_valid(mask: Any, batch: int, length: int) -> tuple[bool, torch.Tenso
     if m.dtype == torch.bool:
         return True, m
     valid = m == 0
-    if not bool((valid | (m == torch.finfo(m.dtype).min)).all()):
-        return False, None  # an additive bias other than 0 / min: not a set of valid positions
+    # an additive bias other than 0 / min is not a set of valid positions; inside a CUDA-graph capture the
+    # host cannot look (no synchronisation there): the eager warm-up of the same step has checked it
+    capturing = m.is_cuda and torch.cuda.is_current_stream_capturing()
+    if not capturing and not bool((valid | (m == torch.finfo(m.dtype).min)).all()):
+        return False, None
     return True, valid
 
 

@@ -48,14 +48,14 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
                 with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=writer,
                               path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
                     ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
-                                        on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
+                                        cache_len=cfg.cache_len, on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
             except BaseException:
                 writer.abort()
                 raise
             writer.close(rec.metadata)
             if cfg.check_observation:
                 info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
-                                                        mode=cfg.reference_mode)
+                                                        mode=cfg.reference_mode, cache_len=cfg.cache_len)
             judge = None
             if cfg.oracle:
                 from ulptrace.verdicts import OracleJudge
@@ -69,7 +69,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
                 with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
                               path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
                     cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
-                                         mode=cfg.candidate_mode)
+                                         mode=cfg.candidate_mode, cache_len=cfg.cache_len)
                 sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
                 comparison = sink.finish()
         comparison.observation = info.get("observation")
@@ -95,12 +95,13 @@ def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
     meta = run_metadata(cfg, prompts, cfg.reference_mode)
     with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
                   metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
-        ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode)
+        ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len)
     meta = run_metadata(cfg, prompts, cfg.candidate_mode)
     with apply_path(cand_model, cfg.candidate) as cand_applied:
         with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
                       metadata={**meta, "path_info": cand_applied.info}) as cand_rec:
-            cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens, mode=cfg.candidate_mode)
+            cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens, mode=cfg.candidate_mode,
+                                 cache_len=cfg.cache_len)
         cand_rec.trace.metadata["path_info"] = cand_applied.info
     info = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
             "first_token_flip": first_flip(ref_tokens, cand_tokens)}

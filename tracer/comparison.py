@@ -91,8 +91,47 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
+def without_cache_padding(record: Record) -> Record:
+    """``record`` with the key/value positions that no query can see removed.
+
+    A static KV cache pads keys and values to the cache length and hides the unused tail; a dynamic
+    cache holds only the live positions. Attention over hidden positions contributes exact zeros, so
+    both describe the same computation: trimming the tail after the last visible key lets either be
+    compared with, and judged by the semantics of, the other. Visible keys come from the mask (bool,
+    or additive with the dtype's lowest value / -inf where hidden) when it spans the key length;
+    without a mask, a multi-token query is causal top-left aligned (HF's SDPA prefill: ``is_causal``),
+    so keys past the query length are hidden. Records without ``key``/``value`` are returned as is.
+    """
+    query, key, value = (record.inputs.get(r) for r in ("query", "key", "value"))
+    mask = record.inputs.get("attention_mask")
+    if key is None or value is None or key.dim() < 2:
+        return record
+    length = key.shape[-2]
+    if mask is None:
+        if query is None or query.dim() < 2 or not 1 < query.shape[-2] < length:
+            return record
+        used = query.shape[-2]
+    elif mask.shape[-1] != length:
+        return record
+    else:
+        if mask.dtype == torch.bool:
+            live = mask
+        else:
+            live = (mask != float("-inf")) & (mask != torch.finfo(mask.dtype).min)
+        live = live.reshape(-1, length).any(0)
+        used = int(live.nonzero().max()) + 1 if bool(live.any()) else 0
+    if used == length:
+        return record
+    inputs = dict(record.inputs)
+    inputs["key"], inputs["value"] = key[..., :used, :], value[..., :used, :]
+    if mask is not None:
+        inputs["attention_mask"] = mask[..., :used]
+    return Record(record.site, record.step, record.kind, record.layer, record.out, inputs)
+
+
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
     """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
+    reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
     ref, cand = reference.out, candidate.out
     note = None
     if ref.shape == cand.shape and ref.dtype != cand.dtype and ref.is_floating_point() and cand.is_floating_point():

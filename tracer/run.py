@@ -56,6 +56,7 @@ class RunConfig:
     prompts: int = 2
     prompt_len: int = 16
     new_tokens: int = 4
+    cache_len: int | None = None  # static/graph cache length; default prompt_len + new_tokens
     seed: int = 0
     device: str = "cpu"
     dtype: str = "bfloat16"
@@ -79,6 +80,13 @@ class RunConfig:
             raise ValueError(f"--prompts and --prompt-len must be >= 1, but got {self.prompts} and {self.prompt_len}")
         if self.new_tokens < 1:
             raise ValueError(f"--new-tokens must be >= 1 (1 = the prefill only), but got {self.new_tokens}")
+        from ulptrace.models import check_model
+
+        check_model(self.model)
+        check_selection(self)
+        if self.cache_len is not None and self.cache_len < self.prompt_len + self.new_tokens:
+            raise ValueError(f"--cache-len must hold the prompt and the new tokens (>= {self.prompt_len + self.new_tokens}),"
+                             f" but got {self.cache_len}")
 
 
 def check_mode(mode: str, device: str | torch.device, *, what: str = "mode") -> str:
@@ -115,6 +123,51 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def check_range(text: str | None, what: str) -> range | None:
+    """``--layers``/``--steps`` parsed (``ulptrace.sites.parse_range``); ``ValueError`` naming the option
+    for text that is not a range or a range that is empty (``5:2``)."""
+    from ulptrace.sites import parse_range
+
+    try:
+        selected = parse_range(text)
+    except ValueError as exc:
+        raise ValueError(f"--{what}: {exc}") from None
+    if selected is not None and len(selected) == 0:
+        raise ValueError(f"--{what} {text} is an empty range: expected START:STOP with START < STOP "
+                         "(STOP excluded), e.g. 2:5, or a single number")
+    return selected
+
+
+def check_selection(cfg: RunConfig) -> None:
+    """What can be said about ``cfg``'s selection without a model: ranges not empty, steps inside the
+    run, ``--kinds``/``--sites`` given values, known kinds, a ``fault:`` path's step inside the run.
+    (``selected_sites`` checks the rest against the model's site table.)"""
+    from ulptrace.sites import KINDS
+
+    check_range(cfg.layers, "layers")
+    steps = check_range(cfg.steps, "steps")
+    last = cfg.new_tokens - 1
+    run_steps = f"steps 0..{last} (0 = the prefill, then {last} decode step(s); --new-tokens {cfg.new_tokens})"
+    if steps is not None and (steps.start > last or steps.stop <= 0):
+        raise ValueError(f"--steps {cfg.steps} selects no step: the run has {run_steps}")
+    if cfg.kinds is not None:
+        if not list(cfg.kinds):
+            raise ValueError(f"--kinds needs at least one kind: expected some of {', '.join(KINDS)}")
+        unknown = [k for k in cfg.kinds if k not in KINDS]
+        if unknown:
+            raise ValueError(f"unknown site kind(s) {', '.join(map(repr, unknown))}: expected some of {', '.join(KINDS)}")
+    if cfg.sites is not None and not list(cfg.sites):
+        raise ValueError("--sites needs at least one GLOB, e.g. 'layers.*.mlp.glu' (omit it to select every site)")
+    for name in (cfg.reference, cfg.candidate):
+        if name.startswith("fault:"):
+            from ulptrace.faults import parse_fault
+
+            _, step, _ = parse_fault(name)
+            if step > last:
+                raise ValueError(f"path {name!r} perturbs step {step}, but the run has {run_steps}: "
+                                 "the fault would never fire")
+
+
 def make_prompts(vocab_size: int, prompts: int, prompt_len: int, seed: int, device: str = "cpu") -> torch.Tensor:
     """Seeded random token ids ``[prompts, prompt_len]`` (no padding, so rows are independent)."""
     if prompts < 1 or prompt_len < 1:
@@ -123,10 +176,17 @@ def make_prompts(vocab_size: int, prompts: int, prompt_len: int, seed: int, devi
     return torch.randint(0, vocab_size, (prompts, prompt_len), generator=gen).to(device)
 
 
+CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
+"""Names transformers has used for a forward's cache argument, newest first (``cache_params``: the
+GatedDeltaNet/Mamba modules of older versions)."""
+
+
 def cache_kwarg(model: Any) -> str:
-    """The name under which the model's forward takes its cache (``cache`` in newer transformers)."""
+    """The name under which ``model``'s forward (a model, a decoder layer or a token mixer such as
+    GatedDeltaNet) takes its cache: ``cache`` in newer transformers, ``past_key_values`` or
+    ``cache_params`` in older ones. Passing the old name beside the new one makes transformers warn."""
     params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return next((name for name in CACHE_KWARGS if name in params), "past_key_values")
 
 
 def _output_cache(out: Any) -> Any:
@@ -369,20 +429,21 @@ class _paused:
 @torch.no_grad()
 def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.Tensor | None = None,
            on_logits: Callable[[int, torch.Tensor], None] | None = None, *, mode: str = "eager",
-           session: Session | None = None) -> torch.Tensor:
+           cache_len: int | None = None, session: Session | None = None) -> torch.Tensor:
     """Greedy decoding, EOS disabled: one prefill forward then ``new_tokens - 1`` decode forwards.
 
     Returns the model's own argmax choice at every step ``[batch, new_tokens]``. With ``forced``
     (``[batch, >= new_tokens - 1]``), the *forced* token is fed back instead, so two paths see the
-    same inputs at every step. ``mode`` picks the cache and graph mode (``MODES``); pass a
-    ``session`` to keep the decoding state afterwards.
+    same inputs at every step. ``mode`` picks the cache and graph mode (``MODES``); ``cache_len``
+    sizes a static cache (default: prompt + new tokens); pass a ``session`` to keep the decoding
+    state afterwards.
     """
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1 (1 = the prefill only), but got {new_tokens}")
     if forced is not None and forced.shape[-1] < new_tokens - 1:
         raise ValueError(f"forced tokens must cover {new_tokens - 1} decode steps, but got {forced.shape[-1]}")
     if session is None:
-        session = Session(model, mode, max_len=input_ids.shape[1] + new_tokens)
+        session = Session(model, mode, max_len=cache_len or input_ids.shape[1] + new_tokens)
     logits = session.prefill(input_ids)
     chosen = []
     for step in range(new_tokens):
@@ -401,10 +462,32 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.T
 # -- runs of a configuration ---------------------------------------------------------------------
 
 def selected_sites(model: Any, cfg: RunConfig) -> list:
-    """The sites of ``model`` that ``cfg`` selects (globs, kinds, layer range)."""
-    from ulptrace.sites import parse_range, select, site_table
+    """The sites of ``model`` that ``cfg`` selects (globs, kinds, layer range).
 
-    return select(site_table(model), cfg.sites, cfg.kinds, parse_range(cfg.layers))
+    Raises ``ValueError`` naming what exists (layers, kinds, some site names) when a ``--sites``
+    glob matches no site of the model, or the selection as a whole is empty.
+    """
+    import fnmatch
+
+    from ulptrace.models import model_name
+    from ulptrace.sites import select, site_table
+
+    table = site_table(model)
+    chosen = select(table, cfg.sites, cfg.kinds, check_range(cfg.layers, "layers"))
+    if chosen:
+        return chosen
+    layers = sorted({s.layer for s in table if s.layer is not None})
+    kinds = list(dict.fromkeys(s.kind for s in table))
+    examples = ", ".join(s.name for s in table[:4])
+    has = (f"{model_name(model)} has {len(table)} sites in layers {layers[0]}..{layers[-1]}" if layers else
+           f"{model_name(model)} has {len(table)} sites") + f", of kinds {', '.join(kinds)} (e.g. {examples})"
+    for pattern in cfg.sites or ():
+        if not any(fnmatch.fnmatchcase(s.name, pattern) for s in table):
+            raise ValueError(f"--sites {pattern!r} matches no site: {has}")
+    given = [f"{flag} {value}" for flag, value in (("--sites", " ".join(cfg.sites or ())),
+                                                  ("--kinds", " ".join(cfg.kinds or ())),
+                                                  ("--layers", cfg.layers or "")) if value]
+    raise ValueError(f"the selection {', '.join(given) or '(everything)'} matches no site: {has}")
 
 
 def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
@@ -429,7 +512,50 @@ def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
 
 def run_metadata(cfg: RunConfig, prompts: torch.Tensor, mode: str) -> dict[str, Any]:
     """What a trace records about the run's inputs (compared before two traces are aligned)."""
-    return {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed, "mode": mode}
+    meta = {"prompts": list(prompts.shape), "new_tokens": cfg.new_tokens, "seed": cfg.seed, "mode": mode}
+    if mode != "eager":
+        meta["cache_len"] = cfg.cache_len or cfg.prompt_len + cfg.new_tokens
+    return meta
+
+
+RUN_INPUTS = ("model", "seed", "prompts", "new_tokens")
+"""Trace metadata that decides what a run was fed (with the tokens fed, ``fed_tokens``): two traces
+are comparable only when these agree. Path, mode, dtype and device are what a comparison compares."""
+
+
+def fed_tokens(metadata: dict[str, Any]) -> list[list[int]] | None:
+    """The tokens a recorded run fed at decode steps 1.. (``[batch, new_tokens - 1]``), or None if unknown.
+
+    ``fed_tokens`` when recorded; otherwise, for a run that was not forced, its own greedy choices."""
+    if metadata.get("fed_tokens") is not None:
+        return metadata["fed_tokens"]
+    tokens = metadata.get("tokens")
+    if tokens is not None and not metadata.get("forced_from"):
+        return [row[:-1] for row in tokens]
+    return None
+
+
+def input_differences(reference: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+    """How two traces' run inputs differ (``RUN_INPUTS`` and the tokens fed), one phrase per field;
+    empty when they agree. Fields a trace does not record are not compared."""
+    found = []
+    for name in RUN_INPUTS:
+        a, b = reference.get(name), candidate.get(name)
+        if a is not None and b is not None and a != b:
+            found.append(f"{name}: reference {a!r}, candidate {b!r}")
+    ref_fed, cand_fed = fed_tokens(reference), fed_tokens(candidate)
+    if not found and ref_fed is not None and cand_fed is not None and ref_fed != cand_fed:
+        how = ("" if candidate.get("forced_from") else
+               " (the candidate was not forced to the reference's tokens: record it with --forced-from REFERENCE)")
+        differ = sorted((s, r) for r, (ra, ca) in enumerate(zip(ref_fed, cand_fed))
+                        for s, (x, y) in enumerate(zip(ra, ca)) if x != y)
+        if differ:
+            step, row = differ[0]
+            found.append(f"tokens fed: at step {step + 1} row {row} the reference was fed {ref_fed[row][step]}, "
+                         f"the candidate {cand_fed[row][step]}{how}")
+        else:
+            found.append(f"tokens fed: shapes differ{how}")
+    return found
 
 
 def first_flip(ref_tokens: torch.Tensor, cand_tokens: torch.Tensor) -> dict[str, int] | None:
@@ -443,12 +569,13 @@ def first_flip(ref_tokens: torch.Tensor, cand_tokens: torch.Tensor) -> dict[str,
 
 @torch.no_grad()
 def check_observation(model: Any, prompts: torch.Tensor, new_tokens: int, tokens: torch.Tensor,
-                      traced: dict[int, torch.Tensor], *, mode: str = "eager") -> dict[str, Any]:
+                      traced: dict[int, torch.Tensor], *, mode: str = "eager",
+                      cache_len: int | None = None) -> dict[str, Any]:
     """Re-run untraced with the same tokens; the last-position logits must be bitwise equal at every step."""
     from ulptrace.comparison import bitwise_equal
 
     untraced: dict[int, torch.Tensor] = {}
-    greedy(model, prompts, new_tokens, forced=tokens, mode=mode,
+    greedy(model, prompts, new_tokens, forced=tokens, mode=mode, cache_len=cache_len,
            on_logits=lambda s, l: untraced.__setitem__(s, l.clone()))
     differing = [s for s in traced if not bitwise_equal(traced[s], untraced[s])]
     return {

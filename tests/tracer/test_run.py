@@ -1,0 +1,239 @@
+"""The run layer: modes, forced tokens, snapshot/restore, static caches judged, graph capture protocol."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ulptrace.cli import main
+from ulptrace.comparison import bitwise_equal, compare, without_cache_padding
+from ulptrace.models import build_model
+from ulptrace.probes.onset import run_onset
+from ulptrace.record import Recorder
+from ulptrace.run import RunConfig, Session, greedy, make_prompts
+from ulptrace.trace import Record
+from ulptrace.verdicts import OracleJudge
+
+FAMILIES = ("tiny-qwen3.5", "tiny-llama")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    """Two copies of one tiny model (same seed, same weights) and prompts."""
+    a, b = build_model(request.param), build_model(request.param)
+    return a, b, make_prompts(a.config.vocab_size, 2, 8, seed=3)
+
+
+def _state_equal(a, b) -> list[str]:
+    """Names of state tensors that are not bitwise equal (or exist on one side only)."""
+    ta, tb = a.tensors(), b.tensors()
+    return sorted(n for n in ta.keys() | tb.keys() if n not in ta or n not in tb or not bitwise_equal(ta[n], tb[n]))
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_snapshot_restore_round_trips_bitwise(pair, mode) -> None:
+    model, _, prompts = pair
+    session = Session(model, mode, max_len=40)
+    session.prefill(prompts)
+    tokens = torch.tensor([[5], [7]])
+    session.step(tokens)
+    saved = session.snapshot()
+    assert saved.tensors(), "the snapshot holds the cache's tensors"
+    first = [session.step(tokens + i) for i in range(3)]
+    assert _state_equal(session.snapshot(), saved), "decoding changed the state (else the test proves nothing)"
+    session.restore(saved)
+    assert _state_equal(session.snapshot(), saved) == []
+    assert session.position == saved.position
+    again = [session.step(tokens + i) for i in range(3)]
+    assert all(bitwise_equal(x, y) for x, y in zip(first, again))
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_restore_into_another_session_continues_identically(pair, mode) -> None:
+    """Lockstep's foundation: the state of one session, restored into a copy, decodes the same bits."""
+    model, copy, prompts = pair
+    a, b = Session(model, mode, max_len=40), Session(copy, mode, max_len=40)
+    a.prefill(prompts)
+    b.prefill(prompts[:, :5] if mode == "eager" else prompts)  # b's own state differs before the restore
+    a.step(torch.tensor([[1], [2]]))
+    b.restore(a.snapshot())
+    tokens = torch.tensor([[9], [4]])
+    assert bitwise_equal(a.step(tokens), b.step(tokens))
+    assert _state_equal(a.snapshot(), b.snapshot()) == []
+
+
+def test_greedy_feeds_forced_tokens_and_returns_own_choice(pair) -> None:
+    model, _, prompts = pair
+    own = greedy(model, prompts, 5)
+    forced = (own + 1) % model.config.vocab_size
+    seen = []
+    with Recorder(model, sites=[]) as rec:  # noqa: F841 - counts steps only
+        chosen = greedy(model, prompts, 5, forced=forced, on_logits=lambda s, l: seen.append(s))
+    assert seen == [0, 1, 2, 3, 4] and rec.step == 4
+    assert torch.equal(chosen[:, 0], own[:, 0])  # the prefill's choice does not depend on forcing
+    # the decode steps consumed the forced tokens: an untraced eager run fed the same tokens agrees bitwise
+    session = Session(model)
+    session.prefill(prompts)
+    logits = [session.step(forced[:, i : i + 1]) for i in range(4)]
+    assert torch.equal(chosen[:, 1:], torch.stack([x.argmax(-1) for x in logits], 1))
+
+
+def test_static_cache_logits_differ_from_dynamic_so_the_judged_test_below_is_not_vacuous() -> None:
+    model = build_model("tiny-llama")
+    prompts = make_prompts(model.config.vocab_size, 2, 16, seed=0)
+    logits = {}
+    for mode in ("eager", "static"):
+        logits[mode] = []
+        greedy(model, prompts, 4, mode=mode, cache_len=64, on_logits=lambda s, l, m=mode: logits[m].append(l))
+    assert not all(bitwise_equal(a, b) for a, b in zip(logits["eager"], logits["static"]))
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("reference_mode,candidate_mode", [("eager", "static"), ("static", "eager")])
+def test_static_vs_dynamic_cache_is_located_and_judged(model, reference_mode, candidate_mode) -> None:
+    cfg = RunConfig(model=model, reference_mode=reference_mode, candidate_mode=candidate_mode, prompts=2,
+                    prompt_len=16, new_tokens=4, cache_len=64, check_reference=True)
+    comparison, info = run_onset(cfg)
+    data = comparison.to_json()
+    assert data["missing"] == [] and data["extra"] == [] and data["mismatched"] == []
+    first = data["first_difference"]
+    assert first is not None and first["kind"] == "attention" and first["site"].endswith("self_attn.core")
+    assert first["step"] >= 1  # the prefill attends through the same positions either way
+    attention = [d for d in comparison.sites if d.site.endswith("self_attn.core")]
+    assert attention and all(d.verdicts is not None for d in attention), [d.note for d in attention]
+    assert all(d.input_delta.get("key") is not None for d in attention), "key/value deltas measured"
+    assert sum(d.verdicts["tie"] for d in attention) > 0
+    # a static cache is an honest implementation of the same attention: nothing worse than a tie
+    assert data["onset"] is None
+    assert all(d.reference_outside == 0 for d in comparison.sites if d.verdicts is not None)
+    assert {m["mode"] for m in (data["reference"], data["candidate"])} == {"eager", "static"}
+
+
+def test_cache_padding_is_trimmed_by_the_mask() -> None:
+    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    bool_mask = torch.tensor([True] * 5 + [False] * 3).view(1, 1, 1, 8)
+    additive = torch.zeros(1, 1, 1, 8).masked_fill(~bool_mask, torch.finfo(torch.float32).min)
+    for mask in (bool_mask, additive):
+        rec = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v, "attention_mask": mask})
+        trimmed = without_cache_padding(rec)
+        assert trimmed.inputs["key"].shape == (1, 2, 5, 4) and torch.equal(trimmed.inputs["key"], k[:, :, :5])
+        assert torch.equal(trimmed.inputs["value"], v[:, :, :5])
+        assert trimmed.inputs["attention_mask"].shape == (1, 1, 1, 5)
+    # a hole in the middle is not padding: only the tail after the last visible key goes
+    holes = torch.tensor([True, False, True, True, False, False, False, False]).view(1, 1, 1, 8)
+    rec = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v, "attention_mask": holes})
+    assert without_cache_padding(rec).inputs["key"].shape[-2] == 4
+    # no mask: a multi-token query is causal top-left aligned; a one-token query sees every key
+    q3 = torch.randn(1, 2, 3, 4)
+    assert without_cache_padding(Record("a", 0, "attention", 0, q3, {"query": q3, "key": k, "value": v})
+                                 ).inputs["key"].shape[-2] == 3
+    unchanged = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v})
+    assert without_cache_padding(unchanged) is unchanged
+
+
+def test_graph_mode_without_cuda_exits_2_with_one_line(capsys) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the refusal is for machines without it")
+    for argv in (["onset", "--candidate-mode", "graph"], ["record", "--mode", "graph", "--out", "x.trace"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "graph" in err[0] and "CUDA" in err[0], err
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Session(build_model("tiny-llama"), "graph", max_len=8)
+
+
+def test_unknown_mode_is_refused(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["onset", "--reference-mode", "turbo"])
+    assert exc.value.code == 2
+    assert "turbo" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="must be one of eager, static, graph"):
+        RunConfig(candidate_mode="turbo").validate()
+
+
+def test_capture_protocol_emits_records_per_replay_with_the_step_filter() -> None:
+    """The recorder's side of CUDA-graph mode, on CPU: what is observed during a capture is kept as
+    buffers and emitted after each replay with that replay's step number (hooks fire only in capture)."""
+    model = build_model("tiny-qwen3.5")
+    prompts = make_prompts(model.config.vocab_size, 2, 6, seed=1)
+    session = Session(model, "static", max_len=12)
+    with Recorder(model) as eager:
+        session.prefill(prompts)
+        saved = session.snapshot()
+        session.step(torch.tensor([[3], [4]]))
+    session.restore(saved)
+    with Recorder(model, steps=[1, 3]) as graph:
+        graph.step = 0  # the prefill ran before this recorder; replays are decode steps 1, 2, 3
+        graph.begin_capture()
+        session.step(torch.tensor([[3], [4]]))  # on CPU this runs the step: its buffers hold step 1's values
+        graph.end_capture()
+        assert list(graph.trace) == [], "nothing is emitted during a capture"
+        for _ in range(3):
+            graph.replayed()
+    assert graph.trace.steps == [1, 3]
+    assert {s for s, t in graph.trace.keys() if t == 1} == {s for s, t in eager.trace.keys() if t == 1}
+    for record in eager.trace:
+        if record.step == 1:
+            replayed = graph.trace[record.site, 1]
+            assert bitwise_equal(replayed.out, record.out), record.site
+            assert all(bitwise_equal(replayed.inputs[r], t) for r, t in record.inputs.items())
+    # emitted records own their memory: a later replay does not rewrite an earlier record
+    assert graph.trace["logits", 1].out.data_ptr() != graph.trace["logits", 3].out.data_ptr()
+
+
+def test_paused_recorder_observes_nothing(qwen, prompts) -> None:
+    with Recorder(qwen) as rec:
+        rec.pause()
+        qwen(prompts)
+        rec.resume()
+        qwen(prompts)
+    assert rec.trace.steps == [0]
+
+
+# -- GPU: CUDA-graph replay observed -------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("path", ["hf", "kernels:faithful", "kernels:fused"])
+def test_graph_replay_records_equal_static_eager_records(model, path) -> None:
+    from ulptrace.paths import apply_path
+
+    ref, cand = build_model(model, device="cuda"), build_model(model, device="cuda")
+    prompts = make_prompts(ref.config.vocab_size, 2, 12, seed=0, device="cuda")
+    logits: dict[str, list[torch.Tensor]] = {"static": [], "graph": []}
+    with apply_path(ref, path), Recorder(ref) as static:
+        tokens = greedy(ref, prompts, 6, mode="static", on_logits=lambda s, l: logits["static"].append(l.clone()))
+    with apply_path(cand, path), Recorder(cand) as graph:
+        session = Session(cand, "graph", max_len=18)
+        greedy(cand, prompts, 6, forced=tokens, session=session,
+               on_logits=lambda s, l: logits["graph"].append(l.clone()))
+    assert session.replays == 5
+    assert all(bitwise_equal(a, b) for a, b in zip(logits["static"], logits["graph"]))
+    comparison = compare(static.trace, graph.trace)
+    assert comparison.missing == [] and comparison.extra == [] and comparison.mismatched == []
+    assert graph.trace.steps == list(range(6))
+    assert [d.site for d in comparison.sites if not d.bitwise_equal] == []
+
+
+@pytest.mark.gpu
+def test_graph_mode_onset_is_judged_against_eager() -> None:
+    cfg = RunConfig(model="tiny-qwen3.5", candidate_mode="graph", device="cuda", prompts=2, prompt_len=16,
+                    new_tokens=5, cache_len=64, check_observation=True)
+    comparison, _ = run_onset(cfg)
+    data = comparison.to_json()
+    assert data["missing"] == [] and data["extra"] == [] and data["observation"]["bitwise_equal"]
+    assert data["onset"] is None
+    assert all(d.verdicts is not None for d in comparison.sites if d.site.endswith("self_attn.core"))
+
+
+def test_judge_program_cache_survives_padded_and_unpadded_inputs() -> None:
+    """The oracle's program is captured on the reference's unpadded inputs and reused for the padded side."""
+    model = build_model("tiny-llama")
+    prompts = make_prompts(model.config.vocab_size, 1, 6, seed=2)
+    traces = {}
+    for mode in ("eager", "static"):
+        with Recorder(model, sites=None) as rec:
+            greedy(model, prompts, 3, mode=mode, cache_len=32)
+        traces[mode] = rec.trace
+    result = compare(traces["eager"], traces["static"], judge=OracleJudge(model, judge_reference=True))
+    cores = [d for d in result.sites if d.site.endswith("self_attn.core")]
+    assert cores and all(d.verdicts is not None and d.reference_outside == 0 for d in cores)
