@@ -84,6 +84,9 @@ class RunConfig:
 
         check_model(self.model)
         check_selection(self)
+        if self.cache_len is not None and self.reference_mode == self.candidate_mode == "eager":
+            raise ValueError(f"--cache-len sizes the static cache of the static and graph modes, but both sides run "
+                             f"eager (dynamic cache); got --cache-len {self.cache_len} with no static or graph mode")
         if self.cache_len is not None and self.cache_len < self.prompt_len + self.new_tokens:
             raise ValueError(f"--cache-len must hold the prompt and the new tokens (>= {self.prompt_len + self.new_tokens}),"
                              f" but got {self.cache_len}")

@@ -237,3 +237,11 @@ def test_judge_program_cache_survives_padded_and_unpadded_inputs() -> None:
     result = compare(traces["eager"], traces["static"], judge=OracleJudge(model, judge_reference=True))
     cores = [d for d in result.sites if d.site.endswith("self_attn.core")]
     assert cores and all(d.verdicts is not None and d.reference_outside == 0 for d in cores)
+
+
+def test_cache_len_without_a_static_mode_is_refused(capsys) -> None:
+    """An option that would be accepted and ignored is an error instead."""
+    assert main(["onset", "--cache-len", "64"]) == 2
+    assert "--cache-len" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="must hold the prompt and the new tokens"):
+        RunConfig(candidate_mode="static", prompt_len=16, new_tokens=4, cache_len=10).validate()
