@@ -7,22 +7,41 @@ named boundary. Missing and extra records and shape/dtype mismatches are listed,
 ``StreamingComparator`` does the same record by record as a recorder sink, keeping statistics only.
 
 The *onset* is the first (step, site), in execution order, whose candidate introduced error of its
-own: any verdict worse than ``tie``; for a site whose kind has no oracle semantics, a difference
-above ``max_ulp`` although every recorded input was bitwise equal; or the first site whose recorded
-inputs differ although no earlier record differs (the divergence began in unobserved code).
+own (``Comparison.onsets`` lists every record that qualifies, with its reason):
+
+- ``verdict``: any verdict worse than ``tie``;
+- ``unjudged``: a record without verdicts (no oracle semantics, or the oracle could not judge it) that
+  differs by more than ``max_ulp`` although every recorded input is bitwise equal — or, when it records
+  no inputs at all (the GatedDeltaNet ``conv_state``/``recurrent_state``, the embedding), although every
+  record before it in the same step is bitwise equal, inputs included;
+- ``unobserved``: the first record whose output differs, when its recorded inputs already differ although
+  every earlier record is bitwise equal (the divergence began in code no site observes).
+
+Whether a comparison is *at parity* is decided in one place, ``Comparison.parity``, which the CLI exit
+codes, ``trace_norm_rounding`` and the pytest fixture use: no verdict worse than ``tie``, no record
+missing, extra or of another shape, no site the oracle could not judge, no ``unjudged`` or
+``unobserved`` onset. "Could not judge" (the oracle failed on a site that has semantics) is its own
+outcome with its reason (``SiteDiff.could_not_judge``), never counted as "no semantics".
+
+Besides ULPs of each element's own dtype, every record has its difference in ULPs of the row's
+magnitude (``max_row_ulp``, ``row_histogram``; a row is the last dimension): a near-zero element differs
+by thousands of its own ULPs when its inputs move by one, which is nothing for its row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
+from ulptrace.oracle.judge import WORSE_THAN_TIE
 from ulptrace.trace import Record, Trace
-from ulptrace.ulp import FORMATS, ulp_distance, ulp_histogram
+from ulptrace.ulp import FORMATS, bits, row_histogram, row_ulp_distance, ulp_distance, ulp_histogram
 
-BAD_VERDICTS = ("boundary", "error", "nonfinite")
+ONSET_REASONS = ("verdict", "unjudged", "unobserved")
+COULD_NOT_JUDGE = "could_not_judge"
+"""What ``Comparison.parity(allow=...)`` accepts besides verdict names: sites the oracle could not judge."""
 
 
 class SiteJudge(Protocol):
@@ -53,13 +72,24 @@ class SiteDiff:
     max_error_ulp: int | None = None
     reference_outside: int | None = None  # reference elements outside its own semantics
     note: str | None = None
+    could_not_judge: str | None = None  # why the oracle failed on a site that has semantics
+    max_row_ulp: float | None = None  # greatest difference in ULPs of its row's magnitude
+    row_histogram: dict[str, int] = field(default_factory=dict)
 
     @property
     def own_error(self) -> bool:
-        """True when this site introduced a difference of its own (see module docstring)."""
-        if self.verdicts is not None:
-            return any(self.verdicts.get(v, 0) for v in BAD_VERDICTS)
-        return False
+        """True when a verdict worse than ``tie`` says this site introduced a difference of its own."""
+        return bool(self.verdicts) and any(self.verdicts.get(v, 0) for v in WORSE_THAN_TIE)
+
+    @property
+    def inputs_equal(self) -> bool:
+        """Every recorded input is bitwise equal (None, an input that could not be compared, is not)."""
+        return all(v == 0 for v in self.input_delta.values())
+
+    @property
+    def inputs_differ(self) -> bool:
+        """Some recorded input measurably differs (None, e.g. a mask one path leaves to the kernel, is no evidence)."""
+        return any(v for v in self.input_delta.values())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,16 +108,18 @@ def _ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int | None, dict[
     return differing, None, {}
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The bit patterns of a floating tensor as integers (so NaN == NaN and -0 != +0); others as is."""
-    if not t.dtype.is_floating_point:
-        return t
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.contiguous().view(width)
+def _row_stats(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float | None, dict[str, int]]:
+    """(greatest difference in ULPs of the row's magnitude, its histogram); (None, {}) when not measurable."""
+    if reference.dtype not in FORMATS:
+        return None, {}
+    dist = row_ulp_distance(reference, candidate)
+    finite = dist.distance[~dist.nonfinite]
+    return (float(finite.max()) if finite.numel() else 0.0), row_histogram(dist)
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when ``a`` and ``b`` have the same shape, dtype and bit patterns (NaN payloads and signed zeros count)."""
+    """True when ``a`` and ``b`` have the same shape, dtype and bit patterns (NaN payloads and signed zeros
+    count): the one test of "this record is bitwise equal" (bit patterns come from ``ulptrace.ulp.bits``)."""
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
@@ -150,6 +182,7 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
         }
     ref, cand = ref.cpu(), cand.cpu()
     differing, max_ulp, hist = _ulp_stats(ref, cand)
+    max_row_ulp, row_hist = _row_stats(ref, cand)
     inputs: dict[str, int | None] = {}
     for role, r_in in reference.inputs.items():
         c_in = candidate.inputs.get(role)
@@ -162,7 +195,7 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
         site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
         elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
         bitwise_equal=bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
-        shape=list(ref.shape), input_delta=inputs, note=note,
+        shape=list(ref.shape), input_delta=inputs, note=note, max_row_ulp=max_row_ulp, row_histogram=row_hist,
     )
     if judge is not None:
         judged = judge(reference, candidate)
@@ -201,6 +234,14 @@ class Comparison:
             "only_candidate": sorted(cand.keys() - ref.keys()),
         }
 
+    @property
+    def complete(self) -> bool:
+        """Whether both runs recorded every site at every step (no ``selection`` of sites, kinds, layers or
+        steps in their metadata). The rules that rely on "every earlier record is bitwise equal" hold only
+        then: with a selection, an unselected site may be where a difference began."""
+        return not any(any(v not in (None, [], "") for v in (meta.get("selection") or {}).values())
+                       for meta in (self.reference, self.candidate))
+
     def first_difference(self) -> SiteDiff | None:
         return next((d for d in self.sites if not d.bitwise_equal), None)
 
@@ -208,29 +249,86 @@ class Comparison:
         return self.onset_with_reason()[0]
 
     def onset_with_reason(self) -> tuple[SiteDiff | None, str | None]:
-        """The onset and why it is one (see the module docstring):
+        """The onset and why it is one: the first of :meth:`onsets`, or ``(None, None)``."""
+        return next(self.onsets(), (None, None))
+
+    def onsets(self) -> Iterator[tuple[SiteDiff, str]]:
+        """Every record that introduced a difference of its own, in execution order, with the reason
+        (one of ``ONSET_REASONS``; where several apply to one record, the first in that order):
 
         - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
-        - ``"unjudged"``: no oracle semantics for the kind, output differs above ``max_ulp``, inputs equal;
-        - ``"unobserved"``: the first differing record's own inputs already differ although every earlier
-          record is bitwise equal — the divergence began in code between observed sites (RoPE, the KV
-          cache, a reshape): this site is the first place it shows.
-        """
-        seen_difference = False
-        for d in self.sites:
-            if d.own_error:
-                return d, "verdict"
-            if d.verdicts is None and not d.bitwise_equal and d.input_delta:
-                own = all(v == 0 for v in d.input_delta.values())
-                if own and (d.max_ulp is None or d.max_ulp > self.max_ulp):
-                    return d, "unjudged"
-            if not seen_difference and any(v for v in d.input_delta.values()):
-                return d, "unobserved"
-            seen_difference = seen_difference or not d.bitwise_equal
-        return None, None
+        - ``"unjudged"``: no verdicts (no oracle semantics, or the oracle could not judge it), the output
+          differs by more than ``max_ulp`` and every recorded input is bitwise equal; a record with no
+          recorded inputs (a GatedDeltaNet state, the embedding) qualifies when every record before it
+          in the same step is bitwise equal, outputs and inputs;
+        - ``"unobserved"`` (at most one): the first record whose output differs, when its recorded inputs
+          already differ although every earlier record is bitwise equal — the divergence began in code
+          between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows.
 
-    def to_json(self) -> dict[str, Any]:
-        """The documented JSON contract (README, "JSON output"): keys are added, never renamed."""
+        The two rules that look at earlier records (a record without inputs, ``unobserved``) apply only
+        when the comparison is :attr:`complete`: in a selection the unrecorded sites may differ.
+        """
+        complete = self.complete
+        seen_difference = False  # an earlier record's output differs
+        clean_steps: dict[int, bool] = {}  # step -> every record so far in it is equal, outputs and inputs
+        for d in self.sites:
+            step_clean = clean_steps.get(d.step, True)
+            if d.own_error:
+                yield d, "verdict"
+            elif d.verdicts is None and not d.bitwise_equal and (d.max_ulp is None or d.max_ulp > self.max_ulp) \
+                    and (d.inputs_equal if d.input_delta else complete and step_clean):
+                yield d, "unjudged"
+            elif complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
+                yield d, "unobserved"
+            seen_difference = seen_difference or not d.bitwise_equal
+            clean_steps[d.step] = step_clean and d.bitwise_equal and d.inputs_equal
+
+    def parity(self, allow: Iterable[str] = ()) -> Parity:
+        """Is the candidate at parity with the reference? The one decision every gate uses.
+
+        Not at parity when any record has a verdict worse than ``tie``, the oracle could not judge a site
+        that has semantics, a record is missing, extra or of another shape or dtype, or a record is an
+        ``unjudged`` or ``unobserved`` onset (:meth:`onsets`). ``allow`` names what to tolerate: verdicts
+        of ``WORSE_THAN_TIE`` (e.g. ``("boundary",)`` for kernels whose boundaries are intended) and
+        ``"could_not_judge"`` (such a site is then held to ``max_ulp`` like one without semantics).
+
+        Raises:
+            ValueError: ``allow`` names something else.
+        """
+        allowed = tuple(allow)
+        known = WORSE_THAN_TIE + (COULD_NOT_JUDGE,)
+        unknown = [a for a in allowed if a not in known]
+        if unknown:
+            raise ValueError(f"allow must name some of {', '.join(known)}, but got {', '.join(map(repr, unknown))}")
+        failures: list[Failure] = []
+        for verdict in WORSE_THAN_TIE:
+            hit = [d for d in self.sites if (d.verdicts or {}).get(verdict)]
+            if hit and verdict not in allowed:
+                failures.append(_verdict_failure(verdict, hit))
+        unjudgeable = [d for d in self.sites if d.could_not_judge]
+        if unjudgeable and COULD_NOT_JUDGE not in allowed:
+            first = unjudgeable[0]
+            failures.append(Failure(COULD_NOT_JUDGE, len(unjudgeable), _where(first),
+                                    f"the oracle could not judge {len(unjudgeable)} record(s); first at "
+                                    f"{_at(first)}: {first.could_not_judge}"))
+        for key, what in (("missing", "missing in the candidate"), ("extra", "only in the candidate"),
+                          ("mismatched", "of another shape or dtype")):
+            records = getattr(self, key)
+            if records:
+                shown = ", ".join(f"{m['site']}@{m['step']}" + (f" ({m['reason']})" if "reason" in m else "")
+                                  for m in records[:3])
+                more = f" (+{len(records) - 3} more)" if len(records) > 3 else ""
+                failures.append(Failure(key, len(records), {"step": records[0]["step"], "site": records[0]["site"]},
+                                        f"{len(records)} record(s) {what}: {shown}{more}"))
+        for reason in ("unjudged", "unobserved"):
+            hit = [d for d, r in self.onsets() if r == reason]
+            if hit:
+                failures.append(_onset_failure(reason, hit, self.max_ulp))
+        return Parity(tuple(failures), allowed)
+
+    def to_json(self, allow: Iterable[str] = ()) -> dict[str, Any]:
+        """The documented JSON contract (README, "JSON output"): keys are added, never renamed.
+        ``parity`` is :meth:`parity` with ``allow``."""
 
         def point(d: SiteDiff | None) -> dict[str, Any] | None:
             return None if d is None else {"step": d.step, "site": d.site, "kind": d.kind, "layer": d.layer}
@@ -242,6 +340,7 @@ class Comparison:
             "first_difference": point(self.first_difference()),
             "onset": None if onset is None else {**point(onset), "reason": reason},
             "max_ulp_budget": self.max_ulp,
+            "complete": self.complete,
             "reference": self.reference,
             "candidate": self.candidate,
             "observation": self.observation,
@@ -250,7 +349,76 @@ class Comparison:
             "extra": self.extra,
             "mismatched": self.mismatched,
             "sites": [d.to_json() for d in self.sites],
+            "could_not_judge": [{**point(d), "reason": d.could_not_judge} for d in self.sites if d.could_not_judge],
+            "parity": self.parity(allow).to_json(),
         }
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One reason a comparison is not at parity: what failed (``kind``: a verdict name, ``could_not_judge``,
+    ``missing``, ``extra``, ``mismatched``, ``unjudged`` or ``unobserved``), in how many records, the first
+    of them, and a sentence naming it."""
+
+    kind: str
+    records: int
+    first: dict[str, Any]
+    message: str
+
+
+@dataclass(frozen=True)
+class Parity:
+    """The result of ``Comparison.parity``: true when nothing failed; ``failures`` say exactly what did."""
+
+    failures: tuple[Failure, ...]
+    allowed: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def summary(self) -> str:
+        """One line: ``at parity`` or ``not at parity: <every failure>``."""
+        if self.ok:
+            return "at parity" + (f" (allowed: {', '.join(self.allowed)})" if self.allowed else "")
+        return "not at parity: " + "; ".join(f.message for f in self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "allowed": list(self.allowed), "failures": [asdict(f) for f in self.failures]}
+
+
+def _where(d: SiteDiff) -> dict[str, Any]:
+    return {"step": d.step, "site": d.site, "kind": d.kind, "layer": d.layer}
+
+
+def _at(d: SiteDiff) -> str:
+    return f"step {d.step}, {d.site} ({d.kind})"
+
+
+def _verdict_failure(verdict: str, hit: list[SiteDiff]) -> Failure:
+    first = hit[0]
+    elements = sum(d.verdicts[verdict] for d in hit)
+    text = f"{elements} {verdict} element(s) in {len(hit)} record(s); first at {_at(first)}"
+    if verdict == "boundary" and first.boundary:
+        share = "" if first.explained is None else f", explains {first.explained:.0%} of its out-of-set elements"
+        text += f": {first.boundary}{share}"
+    elif verdict == "error" and first.max_error_ulp is not None:
+        text += f": up to {first.max_error_ulp} ULP outside the admissible set"
+    return Failure(verdict, len(hit), _where(first), text)
+
+
+def _onset_failure(reason: str, hit: list[SiteDiff], budget: int) -> Failure:
+    first = hit[0]
+    if reason == "unjudged":
+        why = (f"differs by up to {first.max_ulp} ULP (budget {budget}) without verdicts, although "
+               + ("its recorded inputs are bitwise equal" if first.input_delta else
+                  "every record before it in the same step is bitwise equal"))
+    else:
+        why = "its inputs already differ while every earlier record is bitwise equal (divergence in unobserved code)"
+    return Failure(reason, len(hit), _where(first), f"{len(hit)} {reason} onset(s); first at {_at(first)}: {why}")
 
 
 class StreamingComparator:

@@ -2,9 +2,12 @@
 
 ``check_parity(model, candidate_path, run)`` records ``run(model)`` on the model as it is (the
 reference) and on a deep copy with ``candidate_path`` applied, compares every site with the oracle,
-and raises ``ParityError`` naming the onset (site, step, verdicts, named boundary) when a site
-introduced error of its own. With a ``saver`` (the pytest fixture ``ulptrace_traces``) both traces are
-kept on failure, with the ``ulptrace compare`` command that re-runs the comparison.
+and raises ``ParityError`` when the comparison is not at parity — decided by ``Comparison.parity``, the
+same decision as the CLI's exit codes: a verdict worse than tie, a site the oracle could not judge, a
+record missing or of another shape, an unjudged or unobserved onset. The message names each failure
+in its own words (a boundary is called a boundary) and the onset. With a ``saver`` (the pytest fixture
+``ulptrace_traces``) both traces are kept on failure, with the ``ulptrace compare`` command that re-runs
+the comparison.
 """
 
 from __future__ import annotations
@@ -28,11 +31,14 @@ class ParityError(AssertionError):
 
 
 def check_parity(model: Any, candidate_path: str, run: Callable[[Any], Any], *, allow: tuple[str, ...] = (),
-                 saver: Any = None, label: str | None = None) -> Comparison:
+                 max_ulp: int = 0, saver: Any = None, label: str | None = None) -> Comparison:
     """Compare ``run(model)`` against ``run(copy of model with candidate_path)``; returns the comparison.
 
-    ``allow`` lists verdict classes to tolerate besides ``exact`` and ``tie`` (e.g. ``("boundary",)``
-    for a fused kernel whose boundary mismatches are intended). Raises ``ParityError`` otherwise.
+    ``allow`` lists what to tolerate (see ``Comparison.parity``): verdicts worse than tie, e.g.
+    ``("boundary",)`` for a fused kernel whose boundary mismatches are intended, and
+    ``"could_not_judge"`` for sites the oracle cannot judge. ``max_ulp`` is the budget of sites without
+    oracle semantics. Raises ``ParityError`` when the comparison is not at parity, ``ValueError`` for
+    an unknown ``allow`` entry.
     """
     __tracebackhide__ = True
     candidate = copy.deepcopy(model)
@@ -40,21 +46,16 @@ def check_parity(model: Any, candidate_path: str, run: Callable[[Any], Any], *, 
         run(model)
     with apply_path(candidate, candidate_path), Recorder(candidate, path=candidate_path) as cand:
         run(candidate)
-    comparison = compare(ref.trace, cand.trace, judge=OracleJudge(model))
-    bad = [d for d in comparison.sites
-           if d.verdicts and any(d.verdicts.get(v, 0) for v in ("boundary", "error", "nonfinite") if v not in allow)]
-    if bad:
+    comparison = compare(ref.trace, cand.trace, judge=OracleJudge(model), max_ulp=max_ulp)
+    parity = comparison.parity(allow)
+    if not parity:
         saved = saver.save(ref.trace, cand.trace, label=label) if saver is not None else None
-        first = bad[0]
-        counts = ", ".join(f"{k}: {v}" for k, v in first.verdicts.items() if v)
-        lines = [
-            f"{candidate_path} is not at parity with the reference: {len(bad)} site record(s) introduce error",
-            f"onset: step {first.step}, {first.site} ({first.kind}) — {counts}",
-        ]
-        if first.boundary:
-            lines.append(f"named boundary: {first.boundary} (explains {100 * (first.explained or 0):.0f}%)")
-        if first.max_error_ulp:
-            lines.append(f"error up to {first.max_error_ulp} ULP outside the admissible set")
+        lines = [f"{candidate_path} is not at parity with the reference:"]
+        lines += [f"  {f.kind}: {f.message}" for f in parity.failures]
+        onset, reason = comparison.onset_with_reason()
+        if onset is not None:
+            counts = ", ".join(f"{k}: {v}" for k, v in (onset.verdicts or {}).items() if v) or "no verdicts"
+            lines.append(f"onset: step {onset.step}, {onset.site} ({onset.kind}) — {reason}; {counts}")
         if saved is not None:
             lines.append(f"traces saved under {saved}")
         raise ParityError("\n".join(lines), comparison)

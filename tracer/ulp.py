@@ -14,7 +14,10 @@ the bit patterns (no Python loops over elements):
   ``double -> bfloat16/float16/float8`` casts go through float32 and can round twice; this one does not;
 - :func:`ulp_histogram`, :func:`merge_histograms`, :func:`format_histogram` -- the fixed buckets used
   wherever ULP statistics are shown;
-- :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above.
+- :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above;
+- :func:`bits`, :func:`same_bits` -- bit patterns, the one definition of "bitwise equal" element-wise;
+- :func:`row_ulp_distance`, :func:`row_histogram` -- differences in ULPs of the row's magnitude, beside
+  the per-element ULPs (a near-zero element's own ULPs exaggerate a change that is tiny for its row).
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ import torch
 __all__ = [
     "FORMATS",
     "HISTOGRAM_BUCKETS",
+    "ROW_HISTOGRAM_BUCKETS",
+    "RowUlpDistance",
     "FloatFormat",
     "UlpDistance",
+    "bits",
     "format_histogram",
     "format_of",
     "from_ordering_key",
@@ -39,6 +45,9 @@ __all__ = [
     "next_up",
     "ordering_key",
     "round_to",
+    "row_histogram",
+    "row_ulp_distance",
+    "same_bits",
     "spacing",
     "torch_saturates",
     "ulp_distance",
@@ -489,3 +498,92 @@ def format_histogram(histogram: dict[str, int]) -> str:
     if set(histogram) != set(HISTOGRAM_BUCKETS):
         raise ValueError(f"histogram buckets must be {HISTOGRAM_BUCKETS}, but got {tuple(histogram)}")
     return " | ".join(f"{bucket}: {histogram[bucket]}" for bucket in HISTOGRAM_BUCKETS)
+
+
+# -- bit patterns and row magnitude --------------------------------------------------------------
+
+def bits(t: torch.Tensor, *, canonical_nan: bool = False) -> torch.Tensor:
+    """The bit patterns of a floating tensor as integers of its width (so NaN == NaN and -0 != +0);
+    other dtypes are returned as they are.
+
+    With ``canonical_nan`` every NaN maps to one pattern (-1), for comparisons across backends whose
+    NaN payloads differ. This is the one place ulptrace reads bit patterns for equality:
+    ``ulptrace.comparison.bitwise_equal`` (is a record bitwise equal?) and :func:`same_bits` (which
+    elements are) build on it.
+    """
+    if not t.dtype.is_floating_point:
+        return t
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    out = t.contiguous().view(width)
+    if canonical_nan:
+        out = torch.where(torch.isnan(t), torch.full_like(out, -1), out)
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element-wise: does ``a`` hold exactly ``b``'s value? A bool tensor of the broadcast shape.
+
+    For one dtype this compares bit patterns (:func:`bits`). Tensors of two float dtypes share no bit
+    patterns, so there an element is the same when it has the same value and sign (any NaN matching
+    any NaN) — a candidate that stores FP32 where the reference stores BF16 is ``exact`` exactly where
+    it holds the reference's value.
+    """
+    if a.dtype == b.dtype:
+        return bits(a) == bits(b)
+    x, y = a.to(torch.float64), b.to(torch.float64)
+    return ((x == y) & (torch.signbit(x) == torch.signbit(y))) | (torch.isnan(x) & torch.isnan(y))
+
+
+ROW_HISTOGRAM_BUCKETS: tuple[str, ...] = ("0", "<1", "1", "2", "3-4", "5-8", "9-16", ">16", "nonfinite")
+"""Buckets of row-magnitude ULP distances (:func:`row_ulp_distance`): ``<1`` holds differences smaller
+than one ULP of the row's largest element (a near-zero element that moved by many of its own ULPs)."""
+
+
+class RowUlpDistance(NamedTuple):
+    """Result of :func:`row_ulp_distance`: ``distance`` (float64, -1 where ``nonfinite``), ``nonfinite`` (bool)."""
+
+    distance: torch.Tensor
+    nonfinite: torch.Tensor
+
+
+def row_ulp_distance(reference: torch.Tensor, candidate: torch.Tensor) -> RowUlpDistance:
+    """``|candidate - reference|`` in ULPs of the row's magnitude, element-wise (float64).
+
+    A row is the last dimension; its magnitude is the largest finite ``|reference|`` in it, and the
+    unit is that value's ULP in the reference's dtype (:func:`spacing`). An element next to zero that
+    moved by thousands of its own ULPs, because its inputs moved by one, is a small fraction of a
+    row ULP here. ``nonfinite`` marks elements where one side is NaN/Inf and the two are not bitwise equal
+    (their distance is -1).
+
+    Raises:
+        TypeError: ``reference``'s dtype is not in :data:`FORMATS`.
+        ValueError: the shapes differ.
+    """
+    fmt = format_of(_require_tensor(reference, "reference").dtype)
+    if reference.shape != candidate.shape:
+        raise ValueError(f"candidate must have the reference's shape {tuple(reference.shape)}, "
+                         f"but got {tuple(candidate.shape)}")
+    ref = reference.reshape(1, 1) if reference.dim() == 0 else reference
+    cand = candidate.reshape(ref.shape).to(reference.dtype)
+    finite = torch.isfinite(ref)
+    magnitude = torch.where(finite, ref.abs(), torch.zeros_like(ref)).amax(-1, keepdim=True)
+    unit = spacing(magnitude.to(fmt.dtype))
+    x, y = ref.to(torch.float64), cand.to(torch.float64)
+    same = bits(ref) == bits(cand)
+    nonfinite = ~same & ~(torch.isfinite(x) & torch.isfinite(y))
+    distance = torch.where(same, torch.zeros_like(x), (x - y).abs() / unit)
+    distance = torch.where(nonfinite, torch.full_like(distance, -1.0), distance)
+    return RowUlpDistance(distance.reshape(reference.shape), nonfinite.reshape(reference.shape))
+
+
+def row_histogram(distance: RowUlpDistance) -> dict[str, int]:
+    """Count row-magnitude ULP distances into :data:`ROW_HISTOGRAM_BUCKETS` (a fraction above 1
+    counts in the bucket of the next integer: 1.5 is in ``2``)."""
+    d, nonfinite = distance.distance, distance.nonfinite
+    finite = d[~nonfinite]
+    below = int(((finite > 0) & (finite < 1)).sum())
+    whole = ulp_histogram(torch.where(finite < 1, torch.zeros_like(finite), finite.ceil()).to(torch.int64))
+    counts = {"0": int((finite == 0).sum()), "<1": below}
+    counts.update({b: whole[b] for b in HISTOGRAM_BUCKETS[1:-1]})
+    counts["nonfinite"] = int(nonfinite.sum())
+    return {b: counts[b] for b in ROW_HISTOGRAM_BUCKETS}

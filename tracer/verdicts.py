@@ -5,21 +5,25 @@ oracle semantics it captures the *reference* model's formula for that site (its 
 parameters, see ``ulptrace.sites``) on the reference record's inputs, then judges the candidate's
 output on the candidate's *own* recorded inputs — so a site is blamed only for error it introduced
 — and, on request, judges the reference against its own semantics too. Sites whose kind has no
-oracle semantics get ``verdicts = None`` and a note saying why, never a guess.
+oracle semantics get ``verdicts = None`` and a note saying why, never a guess. A site that has
+semantics but that the oracle cannot judge (an unsupported op, an input missing on one side, an oracle
+bug) gets ``verdicts = None`` *and* ``could_not_judge`` with the reason: an outcome of its own, which
+``Comparison.parity`` fails on unless it is explicitly allowed.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 from ulptrace.comparison import bitwise_equal
+from ulptrace.oracle.judge import VERDICTS
 from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 
-VERDICTS = ("exact", "tie", "boundary", "error", "nonfinite")
 STRUCTURAL_INPUTS = ("attention_mask",)
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
@@ -74,7 +78,8 @@ class OracleJudge:
             return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
         missing = [r for r in site.inputs if r != "attention_mask" and r not in reference.inputs]
         if missing:
-            return {"verdicts": None, "note": f"reference record lacks oracle input(s) {missing}"}
+            why = f"reference record lacks oracle input(s) {missing}"
+            return {"verdicts": None, "could_not_judge": why, "note": why}
         out: dict[str, Any] = {}
         same = bitwise_equal(reference.out, candidate.out)
         if same and not self.judge_reference:
@@ -88,13 +93,15 @@ class OracleJudge:
                 return out
             inputs = self._candidate_inputs(reference, candidate)
             if isinstance(inputs, str):
-                out.update(verdicts=None, note=inputs)
+                out.update(verdicts=None, could_not_judge=inputs, note=inputs)
                 return out
             from ulptrace.oracle import judge
 
             result = judge(program, inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
         except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
-            out.update(verdicts=None, note=f"oracle could not judge {reference.site}: {exc}")
+            # an outcome of its own, never "no semantics": parity fails on it unless explicitly allowed
+            why = f"{type(exc).__name__}: {exc}"
+            out.update(verdicts=None, could_not_judge=why, note=f"oracle could not judge {reference.site}: {why}")
             return out
         out.update(
             verdicts={v: int(result.counts.get(v, 0)) for v in VERDICTS},
@@ -179,16 +186,16 @@ def site_semantics(model_name: str, site_name: str, *, path: str = "hf", seed: i
     from ulptrace.sites import select
 
     model = build_model(model_name, seed=seed)
-    apply_path(model, path)
-    sites = select(site_table(model), [site_name])
-    if not sites:
-        names = [s.name for s in site_table(model) if s.formula is not None]
-        raise KeyError(f"unknown site {site_name!r} for {model_name}; sites with semantics include "
-                       f"{', '.join(names[:12])}, ...")
-    if sites[0].formula is None:
-        raise ValueError(f"site {site_name!r} ({sites[0].kind}) has no oracle semantics")
-    with Recorder(model, sites=sites, steps=[0]) as rec:
-        greedy(model, make_prompts(model.config.vocab_size, 1, 4, seed), 1)
-    record = next(iter(rec.trace))
-    program = OracleJudge(model).program(sites[0], record.inputs)
+    with apply_path(model, path):  # undone on return: a kernels: path patches process-wide state
+        sites = select(site_table(model), [site_name])
+        if not sites:
+            names = [s.name for s in site_table(model) if s.formula is not None]
+            raise KeyError(f"unknown site {site_name!r} for {model_name}; sites with semantics include "
+                           f"{', '.join(names[:12])}, ...")
+        if sites[0].formula is None:
+            raise ValueError(f"site {site_name!r} ({sites[0].kind}) has no oracle semantics")
+        with Recorder(model, sites=sites, steps=[0]) as rec:
+            greedy(model, make_prompts(model.config.vocab_size, 1, 4, seed), 1)
+        record = next(iter(rec.trace))
+        program = OracleJudge(model).program(sites[0], record.inputs)
     return f"{site_name} ({sites[0].kind}) on {model_name}, path {path}:\n{program}"

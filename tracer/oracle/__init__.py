@@ -12,7 +12,8 @@ Typical use, for one site::
     emulate(program, {"x": x_ref}, reducer=lambda t, d: reduce_fp32(t, "blocked:t256:v4", d))
 
 Public API: :func:`capture_semantics` -> :class:`Program`; :func:`judge` -> :class:`Judgement`
-(verdict codes index :data:`VERDICTS`); :func:`admissible`; :func:`emulate`;
+(verdict codes index :data:`VERDICTS`, the one spelling of the verdict names everywhere in ulptrace;
+:data:`WORSE_THAN_TIE`); :func:`admissible`; :func:`emulate`;
 :func:`enumerate_hypotheses` / :class:`Hypothesis` / :class:`Mods`; :func:`supported_ops`;
 :class:`UnsupportedOpError` (a ``NotImplementedError``).
 
@@ -24,13 +25,14 @@ rounding model), :mod:`.rules` (the table of supported ops), :mod:`.attention` (
 from __future__ import annotations
 
 from ulptrace.oracle.hypotheses import Hypothesis, enumerate_hypotheses
-from ulptrace.oracle.judge import VERDICTS, HypothesisResult, Judgement, judge
+from ulptrace.oracle.judge import VERDICTS, WORSE_THAN_TIE, HypothesisResult, Judgement, judge
 from ulptrace.oracle.program import Op, Program, Value, ValueRef, capture_semantics
 from ulptrace.oracle.replay import Mods, admissible, emulate
 from ulptrace.oracle.rules import UnsupportedOpError, supported_ops
 
 __all__ = [
     "VERDICTS",
+    "WORSE_THAN_TIE",
     "Hypothesis",
     "HypothesisResult",
     "Judgement",

@@ -14,12 +14,15 @@ import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
-from ulptrace.ulp import FORMATS, round_to, ulp_distance
+from ulptrace.ulp import FORMATS, round_to, same_bits, ulp_distance
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
 
 EXACT, TIE, BOUNDARY, ERROR, NONFINITE = range(5)
+
+WORSE_THAN_TIE: tuple[str, ...] = VERDICTS[BOUNDARY:]
+"""The verdicts that say a path introduced a difference of its own (``boundary``, ``error``, ``nonfinite``)."""
 
 
 @dataclass
@@ -101,14 +104,6 @@ class Judgement:
         return "\n".join(lines)
 
 
-def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.dtype == b.dtype and a.dtype in FORMATS:
-        fmt = FORMATS[a.dtype]
-        return a.view(fmt.int_dtype) == b.view(fmt.int_dtype)
-    x, y = a.to(torch.float64), b.to(torch.float64)
-    return ((x == y) & (torch.signbit(x) == torch.signbit(y))) | (torch.isnan(x) & torch.isnan(y))
-
-
 def _check_output(program: Program, output: torch.Tensor, what: str) -> None:
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"{program.where()}: {what} must be a tensor, but got {type(output).__name__}")
@@ -174,7 +169,7 @@ def judge(
     in_set = ((v >= lo) & (v <= hi)) | (torch.isnan(v) & (torch.isnan(pt) | torch.isnan(lo) | torch.isnan(hi)))
     nonfinite = ~in_set & (~torch.isfinite(v) | ~torch.isfinite(pt) | torch.isnan(lo) | torch.isnan(hi))
     if reference_output is not None:
-        exact = _bitwise_equal(output.detach().to(lo.device), reference_output.detach().to(lo.device))
+        exact = same_bits(output.detach().to(lo.device), reference_output.detach().to(lo.device))
     else:
         exact = in_set
     outside = ~in_set & ~nonfinite & ~exact
