@@ -75,6 +75,7 @@ class SiteDiff:
     could_not_judge: str | None = None  # why the oracle failed on a site that has semantics
     max_row_ulp: float | None = None  # greatest difference in ULPs of its row's magnitude
     row_histogram: dict[str, int] = field(default_factory=dict)
+    admissible_width: float | None = None  # median width of the admissible set, ULPs of the output (GDN scan)
 
     @property
     def own_error(self) -> bool:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
-from ulptrace.sites import GDN_FUNCTIONS, Obs, Site, _sub, attention_lookup, site_table
+from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, _sub, attention_lookup, site_table
 from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, library_versions
 
@@ -253,9 +253,16 @@ class Recorder:
             self._handles.append(module.register_forward_pre_hook(self._gdn_enter(path)))
             self._handles.append(module.register_forward_hook(self._gdn_exit))
             namespace = sys.modules[type(module).__module__]
-            for name in GDN_FUNCTIONS:
+            for name in GDN_FUNCTIONS + CONV_FUNCTIONS:
                 if hasattr(namespace, name) and not self._has_tap(namespace, name):
-                    self._handles.append(tap(namespace, name).add_observer(self._on_gdn))
+                    the_tap = tap(namespace, name)
+                    if name in CONV_FUNCTIONS:
+                        # the one-token update writes the conv state in place: copy it before the call
+                        update = name == CONV_FUNCTIONS[1]
+                        self._handles.append(the_tap.add_transform(self._conv_state_before(update)))
+                        self._handles.append(the_tap.add_observer(self._on_conv))
+                    else:
+                        self._handles.append(the_tap.add_observer(self._on_gdn))
                     self._tapped.add((id(namespace), name))
         elif taps:  # an attention module: the core runs through the attention interface
             self._install_attention_tap()
@@ -343,6 +350,21 @@ class Recorder:
             "state.conv": get(getattr(entry, "conv_states", None)),
             "state.recurrent": get(getattr(entry, "recurrent_states", None)),
         }
+
+    def _conv_state_before(self, update: bool) -> Callable:
+        def transform(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if self._recording() and self._gdn_stack:
+                state = (args[1] if len(args) > 1 else kwargs.get("conv_state")) if update else None
+                self._observe(self._gdn_stack[-1], {"tap.conv_state": state})
+            return args, kwargs
+
+        return transform
+
+    def _on_conv(self, args: tuple, kwargs: dict, result: Any) -> None:
+        if not self._recording() or not self._gdn_stack:
+            return
+        x = args[0] if args else kwargs.get("hidden_states")
+        self._observe(self._gdn_stack[-1], {"tap.conv_x": x, "tap.conv": _first_tensor(result)})
 
     def _on_gdn(self, args: tuple, kwargs: dict, result: Any) -> None:
         if not self._recording() or not self._gdn_stack:

@@ -17,6 +17,9 @@ that has the row's module. Observation points (``Obs``) are
   attention q/k/v/mask/core), see ``ulptrace.taps``,
 - ``cos`` / ``sin``: the rotary tables an attention module receives (``position_embeddings``),
 - ``state.conv`` / ``state.recurrent``: a GatedDeltaNet cache state after the module ran.
+
+Some inputs are optional (``Site.optional``): an attention mask a path may leave to the kernel, the
+incoming recurrent or conv state that a prefill does not have.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from typing import Any
 
 import torch
 
-KINDS = ("norm", "gated_norm", "glu", "gates", "rope", "attention", "residual", "state", "logits", "linear", "other")
+KINDS = ("norm", "gated_norm", "glu", "gates", "conv", "rope", "attention", "residual", "state", "logits", "linear",
+         "other")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Site:
     inputs: dict[str, Obs] = field(default_factory=dict)
     # builds the reference formula fn(**inputs) from the reference model; None: no oracle semantics
     formula: Callable[[torch.nn.Module], Formula] | None = field(default=None, compare=False)
+    optional: tuple[str, ...] = ()  # input roles that may be absent from a record
 
     def to_json(self) -> dict[str, Any]:
         return {"site": self.name, "kind": self.kind, "layer": self.layer}
@@ -74,6 +79,7 @@ class Row:
     inputs: dict[str, tuple[str, str]] = field(default_factory=dict)
     formula: Callable[[Any, Any], Formula] | None = None  # (scope module of the reference, model) -> fn
     absent: str | None = None  # the row applies only where this module does not exist
+    optional: tuple[str, ...] = ()  # input roles that may be absent from a record
 
 
 def _sub(scope: torch.nn.Module, path: str) -> Any:
@@ -131,6 +137,56 @@ def _gdn_g(scope: Any, model: Any) -> Formula:
 
 def _gdn_beta(scope: Any, model: Any) -> Formula:
     return lambda b: b.sigmoid()
+
+
+def _gdn_scan(output: str) -> Callable[[Any, Any], Any]:
+    """Semantics of the delta-rule scan's ``core`` output or final ``state`` (``ulptrace.oracle.gdn``): the
+    mathematics evaluated by the oracle itself, never HF's module-level scan (which HF may bind to
+    flash-linear-attention at import time)."""
+
+    def build(scope: Any, model: Any) -> Any:
+        from ulptrace.oracle.gdn import DeltaRuleSemantics
+
+        return DeltaRuleSemantics(output, name=f"linear_attn.{'core' if output == 'core' else 'recurrent_state'}")
+
+    return build
+
+
+def _module_function(module: Any, name: str) -> Callable[..., Any]:
+    """``name`` of ``module``'s modeling module as HF registered it (beneath any ulptrace tap)."""
+    import sys
+
+    fn = getattr(sys.modules[type(module).__module__], name)
+    tapped = getattr(fn, "__ulptrace_tap__", None)
+    return tapped.original if tapped is not None else fn
+
+
+def _gdn_conv(scope: Any, model: Any) -> Formula:
+    """HF's causal conv (+ SiLU) with the reference's weights: the prefill form, or the one-token update form
+    when the record has the incoming conv state (run on a copy: HF updates the state in place)."""
+    gdn = scope.linear_attn
+    prefill, update = (_module_function(gdn, n) for n in CONV_FUNCTIONS)
+    weight, bias, act = gdn.conv1d.weight.squeeze(1), gdn.conv1d.bias, gdn.activation
+
+    def conv(x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        if state is None:
+            return prefill(x, weight, bias, activation=act)
+        return update(x, state.clone(), weight, bias, act)
+
+    return conv
+
+
+def _gdn_conv_state(scope: Any, model: Any) -> Formula:
+    """The conv state left in the cache: the last ``kernel`` inputs the conv saw (zeros before the first)."""
+    kernel = scope.linear_attn.conv_kernel_size
+
+    def conv_state(x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        seen = x if state is None else torch.cat([state, x.to(state.dtype)], dim=-1)
+        if seen.shape[-1] < kernel:
+            seen = torch.nn.functional.pad(seen, (kernel - seen.shape[-1], 0))
+        return seen[..., -kernel:]
+
+    return conv_state
 
 
 def _attention_core(scope: Any, model: Any) -> Formula:
@@ -219,7 +275,7 @@ _COMMON_LAYER_ROWS: tuple[Row, ...] = (
     Row("self_attn.core", "attention", "self_attn", ("self_attn", "tap.core"),
         {"query": ("self_attn", "tap.query"), "key": ("self_attn", "tap.key"),
          "value": ("self_attn", "tap.value"), "attention_mask": ("self_attn", "tap.mask")},
-        _attention_core),
+        _attention_core, optional=("attention_mask",)),
     Row("self_attn.o_proj", "linear", "self_attn.o_proj", ("self_attn.o_proj", "out"),
         {"x": ("self_attn.o_proj", "in0")}, _call("self_attn.o_proj")),
     Row("post_attention_layernorm", "norm", "post_attention_layernorm", ("post_attention_layernorm", "out"),
@@ -238,17 +294,22 @@ _COMMON_LAYER_ROWS: tuple[Row, ...] = (
         {"residual": ("post_attention_layernorm", "residual"), "delta": ("mlp", "out")}, _add),
 )
 
-# Qwen3.5's GatedDeltaNet layers (linear attention): gates, core, states, gated norm.
+# Qwen3.5's GatedDeltaNet layers (linear attention): gates, causal conv, scan, states, gated norm.
+_SCAN_INPUTS = {role: ("linear_attn", f"tap.{role}") for role in ("query", "key", "value", "g", "beta", "state")}
+_CONV_INPUTS = {"x": ("linear_attn", "tap.conv_x"), "state": ("linear_attn", "tap.conv_state")}
 _GDN_ROWS: tuple[Row, ...] = (
     Row("linear_attn.gates.g", "gates", "linear_attn", ("linear_attn", "tap.g"),
         {"a": ("linear_attn.in_proj_a", "out")}, _gdn_g),
     Row("linear_attn.gates.beta", "gates", "linear_attn", ("linear_attn", "tap.beta"),
         {"b": ("linear_attn.in_proj_b", "out")}, _gdn_beta),
-    # the delta-rule scan has no oracle semantics yet; its recorded inputs let onset tell own from inherited error
-    Row("linear_attn.core", "attention", "linear_attn", ("linear_attn", "tap.core"),
-        {role: ("linear_attn", f"tap.{role}") for role in ("query", "key", "value", "g", "beta", "state")}),
-    Row("linear_attn.conv_state", "state", "linear_attn", ("linear_attn", "state.conv")),
-    Row("linear_attn.recurrent_state", "state", "linear_attn", ("linear_attn", "state.recurrent")),
+    Row("linear_attn.conv", "conv", "linear_attn", ("linear_attn", "tap.conv"), _CONV_INPUTS, _gdn_conv,
+        optional=("state",)),
+    Row("linear_attn.core", "attention", "linear_attn", ("linear_attn", "tap.core"), _SCAN_INPUTS,
+        _gdn_scan("core"), optional=("state",)),
+    Row("linear_attn.conv_state", "state", "linear_attn", ("linear_attn", "state.conv"), _CONV_INPUTS,
+        _gdn_conv_state, optional=("state",)),
+    Row("linear_attn.recurrent_state", "state", "linear_attn", ("linear_attn", "state.recurrent"), _SCAN_INPUTS,
+        _gdn_scan("state"), optional=("state",)),
     Row("linear_attn.norm", "gated_norm", "linear_attn.norm", ("linear_attn.norm", "out"),
         {"x": ("linear_attn.norm", "in0"), "gate": ("linear_attn.norm", "in1")}, _gated_norm),
     Row("linear_attn.out_proj", "linear", "linear_attn.out_proj", ("linear_attn.out_proj", "out"),
@@ -283,8 +344,10 @@ TABLES: dict[str, Table] = {
                              "GemmaForCausalLM", "Gemma2ForCausalLM"), _COMMON_LAYER_ROWS),
 }
 
-# Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped).
+# Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped), and the
+# causal conv functions it calls (prefill, and one-token decode that updates the conv state in place).
 GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+CONV_FUNCTIONS = ("causal_conv1d_fn", "causal_conv1d_update")
 
 
 def table_for(model: Any) -> Table | None:
@@ -382,7 +445,7 @@ def site_table(model: Any, *, warn: bool = True) -> list[Site]:
             def formula(ref_model: Any, build=build, ref_scope=ref_scope) -> Formula:
                 return build(ref_scope(ref_model), ref_model)
 
-        sites.append(Site(prefix + row.name, row.kind, layer_index, out, inputs, formula))
+        sites.append(Site(prefix + row.name, row.kind, layer_index, out, inputs, formula, row.optional))
 
     sites.append(_model_site(_MODEL_ROWS[0], anchors, model))
     layers_path = anchors["@layers"]

@@ -61,6 +61,9 @@ class OracleJudge:
         """The captured reference semantics of ``site`` for inputs shaped like ``inputs`` (cached)."""
         from ulptrace.oracle import capture_semantics
 
+        formula = self._formulas[site.name]
+        if hasattr(formula, "judge"):  # semantics with a construction of their own (the GatedDeltaNet scan)
+            return formula
         key = (site.name,) + tuple((r, tuple(t.shape), t.dtype) for r, t in sorted(inputs.items()))
         if key not in self._programs:
             assert site.formula is not None
@@ -76,7 +79,7 @@ class OracleJudge:
         site = self.site(reference.site)
         if site is None or site.formula is None:
             return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
-        missing = [r for r in site.inputs if r != "attention_mask" and r not in reference.inputs]
+        missing = [r for r in site.inputs if r not in site.optional and r not in reference.inputs]
         if missing:
             why = f"reference record lacks oracle input(s) {missing}"
             return {"verdicts": None, "could_not_judge": why, "note": why}
@@ -88,6 +91,8 @@ class OracleJudge:
             program = self.program(site, reference.inputs)
             if self.judge_reference:
                 out["reference_outside"] = self._outside(program, reference.inputs, reference.out)
+                if hasattr(program, "width_ulps"):  # how sharp a bound of its own is, also where nothing differs
+                    out["admissible_width"] = program.width_ulps(reference.inputs)
             if same:
                 out["verdicts"] = {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}
                 return out
@@ -97,7 +102,8 @@ class OracleJudge:
                 return out
             from ulptrace.oracle import judge
 
-            result = judge(program, inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
+            judge_fn = program.judge if hasattr(program, "judge") else lambda *a, **k: judge(program, *a, **k)
+            result = judge_fn(inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
         except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
             # an outcome of its own, never "no semantics": parity fails on it unless explicitly allowed
             why = f"{type(exc).__name__}: {exc}"
@@ -109,6 +115,10 @@ class OracleJudge:
             explained=None if result.explained is None else float(result.explained),
             max_error_ulp=result.max_error_ulp,
         )
+        if hasattr(program, "judge"):  # a construction with a bound of its own: say how sharp it is
+            from ulptrace.ulp import ulp_distance
+
+            out["admissible_width"] = float(ulp_distance(result.lo, result.hi).distance.double().median())
         return out
 
     @staticmethod
@@ -132,7 +142,7 @@ class OracleJudge:
     def _outside(self, program: Any, inputs: dict[str, torch.Tensor], output: torch.Tensor) -> int:
         from ulptrace.oracle import admissible
 
-        lo, hi = admissible(program, inputs)
+        lo, hi = program.admissible(inputs) if hasattr(program, "admissible") else admissible(program, inputs)
         value = output.double()
         inside = (value >= lo.double()) & (value <= hi.double())
         inside |= torch.isnan(value) & (torch.isnan(lo) | torch.isnan(hi))

@@ -7,7 +7,7 @@ hypothesis of :mod:`ulptrace.oracle.hypotheses` on the elements that fall outsid
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -163,8 +163,34 @@ def judge(
         _check_output(program, reference_output, "reference_output")
     base = replay(program, inputs, track_point=True)
     iv = output_interval(program, base)
-    lo, hi, pt = iv.lo, iv.hi, iv.pt
-    assert pt is not None
+    options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
+    if hypotheses:
+        for h in enumerate_hypotheses(program):
+            def interval(h=h) -> tuple[torch.Tensor, torch.Tensor]:
+                h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
+                return h_iv.lo, h_iv.hi
+
+            options.append((HypothesisResult(h.kind, h.description, h.op, 0), interval))
+    assert iv.pt is not None
+    return judge_sets(output, reference_output, iv.lo, iv.hi, iv.pt, options, program.output_value.dtype,
+                      site=program.name)
+
+
+def judge_sets(
+    output: torch.Tensor,
+    reference_output: torch.Tensor | None,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    pt: torch.Tensor,
+    hypotheses: Sequence[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]],
+    out_dtype: torch.dtype,
+    *,
+    site: str | None = None,
+) -> Judgement:
+    """Verdicts of ``output`` against an admissible set ``[lo, hi]`` (float64, ends already rounded to the
+    output's dtype) and hypotheses, each a result record and a function giving its set — called only
+    when some element is outside. Every oracle construction (captured programs, the GatedDeltaNet scan)
+    decides verdicts here, so their meaning is the same everywhere (see :func:`judge`)."""
     v = output.detach().to(device=lo.device, dtype=torch.float64)
     in_set = ((v >= lo) & (v <= hi)) | (torch.isnan(v) & (torch.isnan(pt) | torch.isnan(lo) | torch.isnan(hi)))
     nonfinite = ~in_set & (~torch.isfinite(v) | ~torch.isfinite(pt) | torch.isnan(lo) | torch.isnan(hi))
@@ -177,15 +203,14 @@ def judge(
 
     results: list[HypothesisResult] = []
     explained_any = torch.zeros_like(outside)
-    if hypotheses:
-        for h in enumerate_hypotheses(program):
-            count = 0
-            if n_outside:
-                h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
-                hit = outside & (v >= h_iv.lo) & (v <= h_iv.hi)
-                explained_any |= hit
-                count = int(hit.sum())
-            results.append(HypothesisResult(h.kind, h.description, h.op, count))
+    for record, interval in hypotheses:
+        count = 0
+        if n_outside:
+            h_lo, h_hi = interval()
+            hit = outside & (v >= h_lo) & (v <= h_hi)
+            explained_any |= hit
+            count = int(hit.sum())
+        results.append(HypothesisResult(record.kind, record.description, record.op, count))
 
     verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
     verdicts[explained_any] = BOUNDARY
@@ -199,7 +224,6 @@ def judge(
     boundary = best.description if best is not None and best.explained > 0 else None
     explained = best.explained / n_outside if boundary is not None and best is not None and n_outside else 0.0
 
-    out_dtype = program.output_value.dtype
     distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     if n_outside:
         d = _distance(v, lo, hi, out_dtype).clamp(min=1)
@@ -219,5 +243,5 @@ def judge(
         point=to_dtype(pt, out_dtype),
         distance=distance,
         against_reference=reference_output is not None,
-        site=program.name,
+        site=site,
     )

@@ -13,7 +13,8 @@ exact      add, sub, mul, neg, square, abs, max/min, clamp, relu             at 
 approx     exp, log, sqrt, rsqrt, reciprocal, div, sigmoid, silu, softplus,  slack, then result dtype
            tanh, gelu, erf, pow with other exponents
 reduce     sum, mean, linalg_vector_norm (any-order FP32 bound)              at the result dtype
-matmul     mm, bmm, addmm, baddbmm, mv, dot (FP32 accumulation)              at the result dtype
+matmul     mm, bmm, addmm, baddbmm, mv, dot, depthwise 1-d convolution       at the result dtype
+           (FP32 accumulation)
 softmax    ``_softmax``                                                      at the result dtype
 attention  the fused SDPA ops of :mod:`ulptrace.oracle.attention`            at the result dtype
 compare    eq, ne, lt, le, gt, ge, logical ops (exact inputs only)           none
@@ -329,6 +330,28 @@ def _addmm(c: Call) -> Iv:
     return fused
 
 
+def _convolution(c: Call) -> Iv:
+    """Depthwise 1-d convolution (the GatedDeltaNet causal conv): each output an FP32 accumulation of
+    ``kernel`` products (plus the bias), any order."""
+    x, w, bias = c.b["input"], c.b["weight"], c.b.get("bias")
+    groups = int(c.b.get("groups") or 1)
+    stride, dilation = list(c.b.get("stride") or [1]), list(c.b.get("dilation") or [1])
+    if (c.b.get("transposed") or x.lo.dim() != 3 or w.lo.dim() != 3 or groups != x.lo.shape[1]
+            or w.lo.shape[:2] != (groups, 1) or set(stride) != {1} or set(dilation) != {1}):
+        raise UnsupportedOpError(f"{c.where}: only depthwise 1-d convolutions (stride 1, no dilation) are replayed")
+    pad = int(list(c.b.get("padding") or [0])[0])
+    kernel = w.lo.shape[-1]
+
+    def windows(t: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C, T_out, kernel]
+        return torch.nn.functional.pad(t, (pad, pad)).unfold(-1, kernel, 1)
+
+    terms = I.mul(x.map(windows), w.map(lambda t: t[:, 0][None, :, None, :]))
+    out = I.reduce_sum(terms, [-1], False, kernel if bias is not None else kernel - 1)
+    if bias is not None:
+        out = I.add(out, bias.map(lambda t: t[None, :, None]))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- misc
 
 
@@ -394,6 +417,7 @@ for _name in ATTENTION_OPS:
     RULES[_name.split("::")[1]] = Rule("attention", _attention)
 RULES.update({
     "_to_copy": Rule("convert", _convert),
+    "convolution": Rule("matmul", _convolution),
     "add": Rule("exact", _add),
     "sub": Rule("exact", lambda c: _add(c, -1.0)),
     "rsub": Rule("exact", _rsub),
