@@ -1,7 +1,11 @@
-"""Shared test setup: a fixed seed for every test, and the one CUDA gate.
+"""Shared test setup: a fixed seed for every test, and the GPU gates.
 
 GPU tests are marked ``@pytest.mark.gpu``, the one gate: they are deselected by default
 (``pyproject.toml``'s addopts) and skipped with a reason when selected on a machine without CUDA.
+Tests that compile CUDA code also take a fixture: ``cuda_compiler`` (CUDA code can be built here) or
+``cuda_kernels`` (ulptrace's extension, built). Both skip, saying why, only where nothing can be built
+(no CUDA device, a torch without CUDA, no nvcc); a compiler or loader error is raised, so the test
+errors and the run fails instead of passing by skipping.
 Nothing is imported from conftest modules (a subfolder's conftest would shadow the name).
 """
 
@@ -23,3 +27,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def cuda_compiler() -> None:
+    """Skip, saying why, only where CUDA code cannot be built at all: no device, no CUDA torch, no nvcc."""
+    from ulptrace.kernels import _build
+
+    reason = _build.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"CUDA code cannot be built here: {reason}")
+
+
+@pytest.fixture(scope="session")
+def cuda_kernels(cuda_compiler):
+    """ulptrace's CUDA extension, built; a failed build raises ``KernelBuildError`` (an error, not a skip)."""
+    from ulptrace.kernels import _build
+
+    return _build.extension()

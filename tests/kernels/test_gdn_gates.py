@@ -81,14 +81,18 @@ def test_kernel_order_formulas_agree_with_torch_ops_to_the_tie_level(mode):
     assert int(ulps(g_k, g_h).max()) <= 2 and int(ulps(beta_k, beta_h).max()) <= 1
 
 
-def test_reference_backend_fills_poisoned_outputs():
-    a, b = torch.randn(3, 16).bfloat16(), torch.randn(3, 16).bfloat16()
-    A_log, dt_bias = torch.zeros(16), torch.ones(16)
-    g_out, beta_out = poisoned(a.shape, torch.float32), poisoned(a.shape, torch.bfloat16)
-    g, beta = gdn_gates(a, b, A_log, dt_bias, backend="reference", g_out=g_out, beta_out=beta_out)
-    assert g is g_out and beta is beta_out
-    want = gdn_gates_reference(a, b, A_log, dt_bias)
-    assert torch.equal(g_out, want[0]) and torch.equal(beta_out, want[1])
+def test_out_buffers_receive_what_hf_passes_to_the_scan_in_place():
+    """``g_out=``/``beta_out=`` on the CPU: the caller's NaN-filled buffers hold HF's g and beta."""
+    module = hf_gdn()
+    seen = capture_hf_gates(module, torch.randn(2, 5, QWEN35_TINY["hidden_size"]).bfloat16())
+    a, b = seen["a"], seen["b"]
+    g_out, beta_out = poisoned(a.shape, torch.float32), poisoned(b.shape, torch.bfloat16)
+    pointers = (g_out.data_ptr(), beta_out.data_ptr())
+    g, beta = gdn_gates(a, b, module.A_log, module.dt_bias, backend="reference", g_out=g_out,
+                        beta_out=beta_out)
+    assert g is g_out and beta is beta_out and (g_out.data_ptr(), beta_out.data_ptr()) == pointers
+    assert bool(torch.isfinite(g_out).all()) and bool(torch.isfinite(beta_out).all())
+    assert torch.equal(g_out, seen["g"]) and torch.equal(beta_out, seen["beta"])
 
 
 @pytest.mark.parametrize(
@@ -111,6 +115,7 @@ def test_bad_inputs_raise_clear_errors(kwargs, error, message):
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize("mode", ["faithful", "fused"])
 @pytest.mark.parametrize(("batch", "tokens", "heads"), [(1, 1, 16), (2, 1, 16), (4, 1, 16), (8, 1, 16),
                                                         (8, 128, 16), (5, 3, 7)],

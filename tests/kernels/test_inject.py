@@ -198,6 +198,7 @@ def test_bad_requests_raise_and_leave_the_model_unchanged(model_fn, kwargs, erro
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("cuda_kernels")
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_cuda_injection_agrees_with_hf_on_gpu(attn):
     model = tiny_qwen35(attn).cuda()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from ulptrace import kernels
 from ulptrace.kernels import _build
 from ulptrace.kernels._common import resolve_backend
+
+pytest_plugins = ["pytester"]
 
 EXPECTED_ALL = [
     "Injection", "KernelBuildError", "OPS", "add_rms_norm", "decode_attention", "decode_attention_reference",
@@ -63,6 +66,41 @@ def test_without_cuda_the_kernels_explain_and_references_are_used(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_extension_builds_and_loads():
-    assert kernels.kernels_available()
-    assert _build.extension().decode_attention_max_len(256) > 4000
+def test_extension_builds_and_loads(cuda_kernels):
+    assert kernels.kernels_available() is True and _build.extension() is cuda_kernels
+    assert cuda_kernels.decode_attention_max_len(256) > 4000
+
+
+GATED_TEST = """
+def test_needs_the_kernels(cuda_kernels):
+    assert cuda_kernels is not None
+"""
+
+
+def test_gpu_gate_skips_only_without_a_compiler_and_fails_on_a_build_error(pytester, monkeypatch, tmp_path):
+    """The ``cuda_kernels`` fixture (tests/conftest.py), run in-process on this CPU machine with the build
+    faked: no nvcc is a skip that says so; a compiler error makes the test error, never skip."""
+    from torch.utils import cpp_extension
+
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(test_gated=GATED_TEST)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    run = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-rs")
+
+    monkeypatch.setattr(_build, "_state", {})
+    no_nvcc = "nvcc was not found (set CUDA_HOME or put nvcc on PATH)"  # _build's own wording
+    monkeypatch.setattr(_build, "unavailable_reason", lambda: no_nvcc)
+    skipped = pytester.runpytest(*run)
+    skipped.assert_outcomes(skipped=1)
+    skipped.stdout.fnmatch_lines(["SKIPPED*CUDA code cannot be built here: nvcc was not found*"])
+
+    def compiler_error(**kwargs):
+        raise RuntimeError("Error building extension: rms_norm.cu(12): error: identifier \"x\" is undefined")
+
+    monkeypatch.setattr(_build, "_state", {})
+    monkeypatch.setattr(_build, "unavailable_reason", lambda: None)  # a device and nvcc are "here"
+    monkeypatch.setattr(cpp_extension, "load", compiler_error)
+    failed = pytester.runpytest(*run)
+    failed.assert_outcomes(errors=1)
+    failed.stdout.fnmatch_lines(["*KernelBuildError: ulptrace CUDA kernels failed to build in*identifier*"])
+    assert failed.ret == pytest.ExitCode.TESTS_FAILED

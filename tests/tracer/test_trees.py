@@ -407,7 +407,6 @@ def test_bad_matching_arguments_raise():
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 def test_cuda_tensors_give_the_cpu_bits():
     x = torch.from_numpy(heavy_rows(16, 777, seed=12))
     for spec in (
@@ -465,8 +464,8 @@ torch::Tensor block_sum(torch::Tensor x, int64_t threads, int64_t vec, bool asc,
 
 
 @pytest.mark.gpu
-@pytest.mark.gpu
 @pytest.mark.slow
+@pytest.mark.usefixtures("cuda_compiler")
 def test_blocked_tree_reproduces_a_real_cuda_block_reduction(tmp_path):
     from torch.utils.cpp_extension import load_inline
 
