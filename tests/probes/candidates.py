@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from ulptrace.trees import Tree, reduce_fp32
 
 
 def _norms(model, cls_name: str):
@@ -23,14 +22,39 @@ def _undo_all(patched):
     return undo
 
 
+def block_sum_t32_v2(values: torch.Tensor) -> torch.Tensor:
+    """FP32 sum over the last dim in the order of one 32-thread CUDA block with 2-wide loads.
+
+    Spelled out from the kernel loop, not from ``ulptrace.trees``: thread ``t`` adds elements
+    ``base + 2t`` then ``base + 2t + 1`` for ``base = 0, 64, 128, ...`` to its accumulator (started at
+    ``+0.0``; a missing element adds ``+0.0``, which changes no sum of squares), then the warp runs an
+    xor-shuffle butterfly with offsets 16, 8, 4, 2, 1 (``own + partner``) and lane 0 holds the total.
+    Every step is one float32 elementwise add, i.e. one IEEE round-to-nearest-even addition per row.
+    """
+    threads, vector = 32, 2
+    values = values.float()
+    n = values.shape[-1]
+    acc = torch.zeros((*values.shape[:-1], threads), dtype=torch.float32, device=values.device)
+    for base in range(0, n, threads * vector):
+        loads = values[..., base:base + threads * vector]
+        loads = F.pad(loads, (0, threads * vector - loads.shape[-1]))  # past the row: +0.0
+        loads = loads.reshape(*values.shape[:-1], threads, vector)  # [..., thread, element of the load]
+        for v in range(vector):
+            acc = acc + loads[..., v]
+    lanes = torch.arange(threads, device=values.device)
+    for offset in (16, 8, 4, 2, 1):
+        acc = acc + acc[..., lanes ^ offset]
+    return acc[..., 0]
+
+
 def reordered_norm_sums(model):
-    """Valid variant: every zero-centred RMSNorm sums its squares in a blocked FP32 order."""
-    tree = Tree.parse("blocked:t32:v2")
+    """Valid variant: every zero-centred RMSNorm sums its squares in a blocked FP32 order
+    (``blocked:t32:v2`` in ``ulptrace.trees``' notation, computed by :func:`block_sum_t32_v2`)."""
     patched = _norms(model, "Qwen3_5RMSNorm")
     for norm in patched:
         def forward(x, norm=norm):
             xf = x.float()
-            mean = reduce_fp32(xf * xf, tree, -1).unsqueeze(-1) / xf.shape[-1]
+            mean = block_sum_t32_v2(xf * xf).unsqueeze(-1) / xf.shape[-1]
             out = xf * torch.rsqrt(mean + norm.eps)
             return (out * (1.0 + norm.weight.float())).to(x.dtype)
 

@@ -26,7 +26,20 @@ def test_onset_json_contract_for_a_fault(tmp_path, capsys) -> None:
                 "verdicts", "boundary"} <= set(entry)
     table = capsys.readouterr().out
     assert "first difference: step 1, layers.2.mlp.glu (glu)" in table
-    assert "| layers.2.mlp.glu |" in md.read_text() or "layers.2.mlp.glu" in md.read_text()
+    # the markdown table: the faulted element (+1 ULP, one element of step 1's GLU) is its first row
+    rows = markdown_rows(md.read_text())
+    assert (rows[0]["step"], rows[0]["site"], rows[0]["kind"]) == ("1", "layers.2.mlp.glu", "glu")
+    assert (rows[0]["differing"], rows[0]["max ulp"]) == ("1", "1")
+    assert all(r["step"] == "1" for r in rows)  # nothing differs before the fault
+
+
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the one markdown table in ``text``, as ``{column header: cell}``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    header, separator, *body = cells
+    assert set("".join(separator)) <= set("-:"), separator
+    return [dict(zip(header, row, strict=True)) for row in body]
 
 
 def test_record_then_compare(tmp_path, capsys) -> None:
