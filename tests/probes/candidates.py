@@ -167,7 +167,6 @@ def global_attention_scale(model):
     Unscoped on purpose: the oracle's reference formulas must not pick up what a candidate path installs.
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     from ulptrace.taps import tap
 
     def transform(args, kwargs):
@@ -242,7 +241,6 @@ def rope_fp32(model):
 def gdn_scan_bug(model):
     """Defect in a site without oracle semantics: the GatedDeltaNet scan's output is scaled by (1 + 2^-6)."""
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-
     from ulptrace.taps import tap
 
     def result(args, kwargs, out):

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ulptrace.cli import main
 
 HERE = Path(__file__).parent

@@ -12,11 +12,11 @@ from gdn_candidates import (
     g_bf16_inside_path,
     state_to_bf16_path,
 )
+from transformers.models.qwen3_5 import modeling_qwen3_5 as HF  # a hard dependency: an import error must fail
 from ulptrace.oracle.gdn import HYPOTHESES, DeltaRuleSemantics, chunked, scan
 from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig
 
-HF = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
 NAME = {h.kind: h.description for h in HYPOTHESES}
 
 
