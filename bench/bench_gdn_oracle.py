@@ -69,15 +69,16 @@ def main() -> None:
         b, hk, hv, d = SHAPES[shape]
         for t in args.lengths:
             x = _inputs(b, t, hk, hv, d, args.device)
-            run = lambda: hf.torch_chunk_gated_delta_rule(x["query"], x["key"], x["value"], g=x["g"],  # noqa: E731
-                                                          beta=x["beta"], output_final_state=True,
-                                                          use_qk_l2norm_in_kernel=True)
+            def run(x=x):
+                return hf.torch_chunk_gated_delta_rule(x["query"], x["key"], x["value"], g=x["g"], beta=x["beta"],
+                                                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+
             core, state = run()
             t_hf = _time(run, args.device, args.repeat)
             core_sem, state_sem = DeltaRuleSemantics("core"), DeltaRuleSemantics("state")
-            t_core = _time(lambda: core_sem.judge(x, core), args.device, args.repeat)
+            t_core = _time(lambda sem=core_sem, x=x, out=core: sem.judge(x, out), args.device, args.repeat)
             rounded = state.bfloat16().float()
-            t_state = _time(lambda: state_sem.judge(x, rounded, state), args.device, 1)
+            t_state = _time(lambda sem=state_sem, x=x, out=rounded, ref=state: sem.judge(x, out, ref), args.device, 1)
             row = {"shape": shape, "batch": b, "tokens": t, "device": args.device, "hf_scan_s": t_hf,
                    "judge_core_s": t_core, "judge_state_with_hypotheses_s": t_state,
                    "ratio_core": t_core / t_hf, "ratio_state_hypotheses": t_state / t_hf}

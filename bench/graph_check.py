@@ -41,7 +41,7 @@ def check(model_name: str, path: str, prompts: int, prompt_len: int, new_tokens:
         with apply_path(ref, path), Recorder(ref) as graph:
             session = Session(ref, "graph", max_len=prompt_len + new_tokens)
             greedy(ref, ids, new_tokens, forced=tokens, session=session,
-                   on_logits=lambda s, l: graph_logits.append(l.clone()))
+                   on_logits=lambda s, l, out=graph_logits: out.append(l.clone()))
         seconds = time.perf_counter() - t0
         keys_e, keys_g = set(eager.trace.keys()), set(graph.trace.keys())
         differing = sorted(k for k in keys_e & keys_g

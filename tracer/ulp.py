@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -33,8 +33,8 @@ __all__ = [
     "FORMATS",
     "HISTOGRAM_BUCKETS",
     "ROW_HISTOGRAM_BUCKETS",
-    "RowUlpDistance",
     "FloatFormat",
+    "RowUlpDistance",
     "UlpDistance",
     "bits",
     "format_histogram",
@@ -52,6 +52,7 @@ __all__ = [
     "torch_saturates",
     "ulp_distance",
     "ulp_histogram",
+    "ulp_stats",
 ]
 
 
@@ -587,3 +588,73 @@ def row_histogram(distance: RowUlpDistance) -> dict[str, int]:
     counts.update({b: whole[b] for b in HISTOGRAM_BUCKETS[1:-1]})
     counts["nonfinite"] = int(nonfinite.sum())
     return {b: counts[b] for b in ROW_HISTOGRAM_BUCKETS}
+
+
+_CPU_CHUNK = 1 << 16  # elements per chunk of ulp_stats on the CPU (fits the L2 cache with its temporaries)
+
+
+class UlpStats(NamedTuple):
+    """Result of :func:`ulp_stats`: what ``ulp_distance`` + ``ulp_histogram`` say about two tensors."""
+
+    differing: int  # elements that are not at distance 0 (NaN on either side counts as differing)
+    max_ulp: int  # largest finite distance (0 when none)
+    histogram: dict[str, int]  # every bucket of HISTOGRAM_BUCKETS
+
+
+def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
+    """The ULP statistics of two same-shape tensors of one dtype, on their device, touching as little as
+    possible: one bit-pattern comparison (and a NaN count) when they are bitwise equal; otherwise the
+    distances of the *differing* elements only. Equal to ``ulp_histogram(ulp_distance(a, b))`` with
+    ``differing = numel - histogram["0"]`` and ``max_ulp`` the largest finite distance (tested).
+
+    Raises:
+        TypeError: the dtypes differ or are not in :data:`FORMATS`.
+        ValueError: the shapes differ.
+    """
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
+    format_of(a.dtype)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
+    n = a.numel()
+    ba, bb = bits(a), bits(b)
+    if torch.equal(ba, bb):
+        nan = int(torch.isnan(a).sum()) if a.dtype.is_floating_point else 0
+        return UlpStats(nan, 0, {k: (n - nan if k == "0" else nan if k == "nonfinite" else 0) for k in HISTOGRAM_BUCKETS})
+    fmt = format_of(a.dtype)
+    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    if a.is_cuda and _triton_stats() is not None and n < 2**31:
+        c, top = _triton_stats()(ba, bb, fmt.magnitude_mask, limit, fmt.bits)  # one fused pass
+        return UlpStats(n - c[0], top, _buckets(c))
+    # ordered keys in the narrowest integer that holds a distance (int32 up to 16-bit formats); on the CPU in
+    # cache-sized chunks, so the few elementwise passes run from cache rather than from memory
+    wide = torch.int64 if fmt.bits > 16 else torch.int32
+    counts = torch.zeros(19, dtype=torch.int64, device=a.device)
+    max_ulp = torch.zeros((), dtype=wide, device=a.device)
+    flat_a, flat_b = ba.reshape(-1), bb.reshape(-1)
+    step = n if a.is_cuda else _CPU_CHUNK
+    for start in range(0, n, step):
+        xa, xb = flat_a[start:start + step].to(wide), flat_b[start:start + step].to(wide)
+        ma, mb = xa & fmt.magnitude_mask, xb & fmt.magnitude_mask
+        nan = (ma > limit) | (mb > limit)
+        distance = (torch.where(xa < 0, -ma, ma) - torch.where(xb < 0, -mb, mb)).abs()
+        # one bincount: distances 0..16 by value, 17 for "> 16", 18 for nonfinite
+        counts += torch.bincount(distance.clamp(max=17).masked_fill(nan, 18).to(torch.int64), minlength=19)
+        max_ulp = torch.maximum(max_ulp, distance.masked_fill(nan, 0).max())
+    c = counts.tolist()
+    return UlpStats(n - c[0], int(max_ulp), _buckets(c))
+
+
+def _buckets(c: list[int]) -> dict[str, int]:
+    """Counts of codes 0..16 (distance), 17 (> 16), 18 (nonfinite) -> :data:`HISTOGRAM_BUCKETS`."""
+    return {"0": c[0], "1": c[1], "2": c[2], "3-4": c[3] + c[4], "5-8": sum(c[5:9]), "9-16": sum(c[9:17]),
+            ">16": c[17], "nonfinite": c[18]}
+
+
+def _triton_stats() -> Any:
+    """The fused CUDA statistics (``ulptrace._ulp_triton.stats``), or None where Triton is not installed."""
+    try:
+        from ulptrace._ulp_triton import stats
+    except ImportError:
+        return None
+    return stats

@@ -66,7 +66,7 @@ def test_greedy_feeds_forced_tokens_and_returns_own_choice(pair) -> None:
     own = greedy(model, prompts, 5)
     forced = (own + 1) % model.config.vocab_size
     seen = []
-    with Recorder(model, sites=[]) as rec:  # noqa: F841 - counts steps only
+    with Recorder(model, sites=[]) as rec:  # counts steps only
         chosen = greedy(model, prompts, 5, forced=forced, on_logits=lambda s, l: seen.append(s))
     assert seen == [0, 1, 2, 3, 4] and rec.step == 4
     assert torch.equal(chosen[:, 0], own[:, 0])  # the prefill's choice does not depend on forcing
@@ -92,7 +92,7 @@ def test_static_cache_logits_differ_from_dynamic_so_the_judged_test_below_is_not
 def test_static_vs_dynamic_cache_is_located_and_judged(model, reference_mode, candidate_mode) -> None:
     cfg = RunConfig(model=model, reference_mode=reference_mode, candidate_mode=candidate_mode, prompts=2,
                     prompt_len=16, new_tokens=4, cache_len=64, check_reference=True)
-    comparison, info = run_onset(cfg)
+    comparison, _ = run_onset(cfg)
     data = comparison.to_json()
     assert data["missing"] == [] and data["extra"] == [] and data["mismatched"] == []
     first = data["first_difference"]
@@ -170,7 +170,7 @@ def test_capture_protocol_emits_records_per_replay_with_the_step_filter() -> Non
         for _ in range(3):
             graph.replayed()
     assert graph.trace.steps == [1, 3]
-    assert {s for s, t in graph.trace.keys() if t == 1} == {s for s, t in eager.trace.keys() if t == 1}
+    assert {s for s, t in graph.trace.keys() if t == 1} == {s for s, t in eager.trace.keys() if t == 1}  # noqa: SIM118
     for record in eager.trace:
         if record.step == 1:
             replayed = graph.trace[record.site, 1]

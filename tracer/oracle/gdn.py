@@ -114,7 +114,7 @@ def prepare(inputs: Mapping[str, torch.Tensor], *, qk_bf16: bool = False, g_bf16
     if query.dim() != 4 or key.shape != query.shape or value.dim() != 4 or value.shape[:2] != query.shape[:2]:
         raise ValueError(f"query/key [B, T, Hk, dk] and value [B, T, Hv, dv] expected, but got "
                          f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
-    b, t, hv, dv = value.shape
+    b, _, hv, dv = value.shape
     dk = query.shape[-1]
     q, k = _heads(query.to(F64), hv), _heads(key.to(F64), hv)
     q, k = _l2norm(q), _l2norm(k)
@@ -225,7 +225,7 @@ def chunked(inputs: Mapping[str, torch.Tensor], *, chunk: int = 64, stages: froz
         return _round(x, torch.bfloat16) if stage in stages else x
 
     q, k, v, g, beta, s = prepare(inputs, qk_bf16="qk" in stages)
-    b, hv, t, dk = q.shape
+    b, hv, t, _ = q.shape
     dv = v.shape[-1]
     pad = (chunk - t % chunk) % chunk
     q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, v))

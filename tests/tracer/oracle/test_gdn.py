@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gdn_candidates import (
-    decay_after_update_path,
-    delta_rule,
-    float64_scan_path,
-    g_bf16_inside_path,
-    state_to_bf16_path,
-)
+from gdn_candidates import delta_rule  # its paths are named by import string below, as a user would
 from transformers.models.qwen3_5 import modeling_qwen3_5 as HF  # a hard dependency: an import error must fail
 from ulptrace.oracle.gdn import HYPOTHESES, DeltaRuleSemantics, chunked, scan
 from ulptrace.probes.onset import run_onset
@@ -56,8 +50,8 @@ def _honest(inputs):
     f = {k: (v.float() if v is not None and k in ("query", "key", "value", "beta") else v) for k, v in inputs.items()}
     rep = f["value"].shape[2] // f["query"].shape[2]  # heads repeated first: older HF fallbacks leave it to the caller
     args = (f["query"].repeat_interleave(rep, 2), f["key"].repeat_interleave(rep, 2), f["value"])
-    kw = dict(g=f["g"], beta=f["beta"], initial_state=f["state"], output_final_state=True,
-              use_qk_l2norm_in_kernel=True)
+    kw = {"g": f["g"], "beta": f["beta"], "initial_state": f["state"], "output_final_state": True,
+          "use_qk_l2norm_in_kernel": True}
     out = {f"hf-chunk{c}": HF.torch_chunk_gated_delta_rule(*args, chunk_size=c, **kw) for c in (16, 32, 64)}
     out["hf-recurrent"] = HF.torch_recurrent_gated_delta_rule(*args, **kw)
     out["fp32-reversed-dots"] = delta_rule(*args, f["g"], f["beta"], f["state"], dtype=torch.float32,

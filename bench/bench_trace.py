@@ -1,0 +1,159 @@
+"""What tracing costs: the performance goals of issue 11 as ratios against baselines measured in the same run.
+
+- P1: ``onset`` without the oracle (record the reference, stream the candidate against it) — wall time
+  less model building — over the two untraced generations of the same work;
+- P2: ULP statistics (distance + histogram + differing count + max) of two large BF16 tensors that differ,
+  as a share of a plain copy's bandwidth on the same device;
+- P3: ``onset`` with the oracle over the same two untraced generations;
+- P5: peak memory of the traced onset over the untraced pair (GPU: allocator peak; CPU: not measured).
+
+``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
+timings — removed), so two commits can be checked for identical verdicts, statistics and onsets:
+
+    python bench/bench_trace.py --device cpu --model tiny-qwen3.5 --prompts 8 --prompt-len 128 --new-tokens 16
+    python bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+VOLATILE = ("versions", "device", "path_info", "observation")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _clean(data: object) -> object:
+    if isinstance(data, dict):
+        return {k: _clean(v) for k, v in data.items() if k not in VOLATILE}
+    if isinstance(data, list):
+        return [_clean(v) for v in data]
+    return data
+
+
+def untraced_pair(cfg) -> float:
+    """Seconds for the reference generation and the forced candidate generation, untraced (models prebuilt)."""
+    from ulptrace.paths import apply_path
+    from ulptrace.run import build_pair, greedy
+
+    ref, cand, prompts = build_pair(cfg)
+    with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
+        greedy(ref, prompts, 2)  # warm-up (lazy init, kernels)
+        _sync(cfg.device)
+        t0 = time.perf_counter()
+        tokens = greedy(ref, prompts, cfg.new_tokens)
+        greedy(cand, prompts, cfg.new_tokens, forced=tokens)
+        _sync(cfg.device)
+        return time.perf_counter() - t0
+
+
+def traced(cfg, reports: Path | None, name: str) -> tuple[float, int]:
+    """(seconds of run_onset less its two model builds, peak allocated bytes on CUDA or 0)."""
+    from ulptrace.models import build_model
+    from ulptrace.probes.onset import run_onset
+    from ulptrace.run import torch_dtype
+
+    t0 = time.perf_counter()
+    for _ in range(2):
+        build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    _sync(cfg.device)
+    build = time.perf_counter() - t0
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    comparison, info = run_onset(cfg)
+    _sync(cfg.device)
+    seconds = time.perf_counter() - t0 - build
+    peak = torch.cuda.max_memory_allocated() if cfg.device.startswith("cuda") else 0
+    if reports is not None:
+        data = comparison.to_json()
+        data["run"] = {k: v for k, v in info.items() if "tokens" in k or k == "first_token_flip"}
+        (reports / f"{name}.json").write_text(json.dumps(_clean(data), indent=1, sort_keys=True))
+    return seconds, peak
+
+
+def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
+    """GB/s of the ULP statistics on two differing BF16 tensors vs a plain copy of the same bytes."""
+    from ulptrace.comparison import _ulp_stats
+
+    n = mib * 2**20 // 2
+    a = torch.randn(n, device=device).bfloat16()
+    b = (a.float() * (1 + 2**-7 * torch.randn(n, device=device))).bfloat16()
+    _ulp_stats(a, b)
+    _sync(device)
+    t0 = time.perf_counter()
+    _ulp_stats(a, b)
+    _sync(device)
+    t_stats = time.perf_counter() - t0
+    a.clone()
+    _sync(device)
+    t0 = time.perf_counter()
+    a.clone()
+    _sync(device)
+    t_copy = time.perf_counter() - t0
+    read = 2 * a.numel() * a.element_size() / 1e9
+    return {"stats_GBps": read / t_stats, "copy_GBps": 2 * a.numel() * a.element_size() / 1e9 / t_copy,
+            "share_of_copy": (read / t_stats) / (2 * a.numel() * a.element_size() / 1e9 / t_copy)}
+
+
+def main() -> None:
+    from ulptrace.run import RunConfig
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", default="tiny-qwen3.5")
+    p.add_argument("--candidate", default="kernels:fused")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--oracle-prompt-len", type=int, default=32)
+    p.add_argument("--oracle-new-tokens", type=int, default=4)
+    p.add_argument("--stats-mib", type=int, default=64)
+    p.add_argument("--reports", type=Path)
+    p.add_argument("--json")
+    args = p.parse_args()
+    if args.reports:
+        args.reports.mkdir(parents=True, exist_ok=True)
+    out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__}
+    base = {"model": args.model, "candidate": args.candidate, "device": args.device}
+    cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                    oracle=False)
+    pair = untraced_pair(cfg)
+    seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
+    out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak}
+    print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
+          f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x", flush=True)
+    st = stats_bandwidth(args.device, args.stats_mib)
+    out["P2"] = st
+    print(f"P2 ULP statistics {args.stats_mib} MiB x2: {st['stats_GBps']:.1f} GB/s vs copy {st['copy_GBps']:.1f} GB/s"
+          f" = {100 * st['share_of_copy']:.1f}% of copy", flush=True)
+    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
+    pair3 = untraced_pair(cfg3)
+    seconds3, _ = traced(cfg3, args.reports, "P3-oracle")
+    out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}
+    print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps: {seconds3:.2f} s vs "
+          f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x", flush=True)
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        untraced_pair(cfg)
+        untraced_peak = torch.cuda.max_memory_allocated()
+        out["P5"] = {"untraced_peak_bytes": untraced_peak, "onset_peak_bytes": peak,
+                     "ratio": peak / untraced_peak}
+        print(f"P5 peak memory: onset {peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = "
+              f"{peak / untraced_peak:.2f}x", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

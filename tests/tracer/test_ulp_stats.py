@@ -1,0 +1,72 @@
+"""``ulp_stats`` (the fast statistics the comparison uses) equals the reference definition
+``ulp_histogram(ulp_distance(a, b))`` on every format, with NaN, infinities, signed zeros, equal and
+differing tensors, small and chunked sizes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import ulptrace.ulp as U
+from ulptrace.ulp import FORMATS, ulp_distance, ulp_histogram, ulp_stats
+
+
+def _reference(a, b):
+    d = ulp_distance(a, b)
+    h = ulp_histogram(d)
+    finite = d.distance[~d.nan]
+    return a.numel() - h["0"], int(finite.max()) if finite.numel() else 0, h
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+@pytest.mark.parametrize("n", [1, 257, 70_000])
+def test_equals_the_reference_definition(dtype, n, monkeypatch) -> None:
+    monkeypatch.setattr(U, "_CPU_CHUNK", 4096)  # several chunks at n = 70,000
+    gen = torch.Generator().manual_seed(n)
+    a = torch.randn(n, generator=gen).mul(4).to(dtype)
+    for case in range(6):
+        b = a.clone()
+        if case >= 1:
+            idx = torch.randint(0, n, (max(1, n // 50),), generator=gen)
+            b[idx] = (a[idx].float() * (1 + 0.3 * torch.randn(idx.numel(), generator=gen))).to(dtype)
+        if case >= 3 and n > 10:
+            a2 = a.clone()
+            a2[:3], b[1:4] = float("nan"), float("nan")
+            a2[5], b[5] = 0.0, -0.0
+            if dtype != torch.float8_e4m3fn:
+                a2[7], b[9] = float("inf"), float("-inf")
+        else:
+            a2 = a
+        if case == 5:
+            b = a2.clone()  # bitwise equal, NaN included: the NaN still counts as nonfinite
+        assert tuple(ulp_stats(a2, b)) == _reference(a2, b), (dtype, n, case)
+
+
+def test_hand_derived_bf16_patterns() -> None:
+    # 1.0 = 0x3F80; its neighbours 0x3F81 (+1 ULP) and 0x3F7F (-1 ULP); -0 vs +0 is 0 apart
+    a = torch.tensor([0x3F80, 0x3F80, 0x0000, 0x3F80], dtype=torch.int16).view(torch.bfloat16)
+    b = torch.tensor([0x3F81, 0x3F7F, -0x8000, 0x3F90], dtype=torch.int16).view(torch.bfloat16)
+    stats = ulp_stats(a, b)
+    assert stats.histogram == {"0": 1, "1": 2, "2": 0, "3-4": 0, "5-8": 0, "9-16": 1, ">16": 0, "nonfinite": 0}
+    assert stats.max_ulp == 16 and stats.differing == 3
+
+
+def test_bad_input_names_expected_and_found() -> None:
+    with pytest.raises(TypeError, match="same dtype"):
+        ulp_stats(torch.zeros(2, dtype=torch.bfloat16), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"same shape, but got \(2,\) and \(3,\)"):
+        ulp_stats(torch.zeros(2), torch.zeros(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_fused_cuda_statistics_equal_the_reference_definition(dtype) -> None:
+    from ulptrace._ulp_triton import stats  # noqa: F401 - Triton must be there on the GPU machine
+
+    gen = torch.Generator().manual_seed(1)
+    n = 3 * 4096 + 77
+    a = torch.randn(n, generator=gen).mul(4).to(dtype)
+    b = a.clone()
+    idx = torch.randint(0, n, (n // 7,), generator=gen)
+    b[idx] = (a[idx].float() * (1 + 0.3 * torch.randn(idx.numel(), generator=gen))).to(dtype)
+    a[:3], b[1:4], a[5], b[5] = float("nan"), float("nan"), 0.0, -0.0
+    assert tuple(ulp_stats(a.cuda(), b.cuda())) == _reference(a, b)
