@@ -6,8 +6,10 @@ q/k norms, the GatedDeltaNet gated norm, the final norm), and for each (site, st
 differing elements, the ULP histogram, the oracle's verdict counts and the named boundary. For
 rows whose differences are ties, it also says which explicit FP32 reduction orders
 (``ulptrace.trees``) reproduce the reference's row and the candidate's row bit for bit. It ends
-with a paragraph a reviewer can paste into a PR, and exits non-zero when any verdict is
-``boundary`` or ``error`` (``--report-only`` keeps it zero).
+with a paragraph a reviewer can paste into a PR, and exits non-zero unless the comparison is at
+parity (``Comparison.parity``, the decision the ``ulptrace`` exit codes and the pytest fixture use:
+no ``boundary``/``error``/``nonfinite`` verdict, no record the oracle could not judge unless
+``--allow-could-not-judge``, none missing; ``--report-only`` keeps it zero).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -32,9 +35,9 @@ def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_row
     Returns ``{"rows": [{"row": r, "reference": [specs], "candidate": [specs]}], "summary": {...}}``
     or None when the site has no semantics or no differing rows.
     """
-    from ulptrace.comparison import bits
     from ulptrace.oracle import emulate
     from ulptrace.trees import reduce_fp32
+    from ulptrace.ulp import bits
 
     site = judge.site(ref.site)
     if site is None or site.formula is None or not ref.inputs:
@@ -91,14 +94,19 @@ def conclusion(data: dict[str, Any]) -> str:
     differing = [s for s in sites if not s["bitwise_equal"]]
     if not differing:
         return f"{head}: every norm output is bitwise identical."
-    unjudged = [s for s in differing if s["verdicts"] is None]
+    unjudgeable = [s for s in sites if s.get("could_not_judge")]
+    unjudged = [s for s in differing if s["verdicts"] is None and not s.get("could_not_judge")]
     count = lambda key: sum((s["verdicts"] or {}).get(key, 0) for s in differing)
     ties, boundary, error, nonfinite = count("tie"), count("boundary"), count("error"), count("nonfinite")
     total = sum(s["differing"] for s in differing)
     parts = []
     own = [s for s in differing if all(v == 0 for v in s["input_delta"].values())]
     inherited = len(differing) - len(own)
-    if boundary == error == nonfinite == 0:
+    if all(s["verdicts"] is None and not s.get("could_not_judge") for s in differing):
+        max_ulp = max((s["max_ulp"] or 0) for s in differing)
+        parts.append(f"{total:,} norm elements differ in {len(differing)} records, at most {max_ulp} ULP; not judged "
+                     f"(--no-oracle), {len(own)} of the records on bitwise-equal inputs")
+    elif boundary == error == nonfinite == 0:
         if own:
             own_total = sum(s["differing"] for s in own)
             max_ulp = max((s["max_ulp"] or 0) for s in own)
@@ -138,8 +146,11 @@ def conclusion(data: dict[str, Any]) -> str:
         if data.get("onset"):
             parts.append(f"the first norm record with a boundary or error is step {data['onset']['step']}, "
                          f"{data['onset']['site']} (`ulptrace onset` looks at every site)")
-    if unjudged:
-        parts.append(f"{len(unjudged)} differing record(s) could not be judged ({unjudged[0].get('note')})")
+    if unjudgeable:
+        parts.append(f"the oracle could not judge {len(unjudgeable)} record(s) (first: step {unjudgeable[0]['step']} "
+                     f"{unjudgeable[0]['site']}: {unjudgeable[0]['could_not_judge']})")
+    if unjudged and len(unjudged) < len(differing):
+        parts.append(f"{len(unjudged)} differing record(s) have no verdicts ({unjudged[0].get('note')})")
     return f"{head}: " + "; ".join(parts) + "."
 
 
@@ -164,8 +175,26 @@ def _tree_sentence(data: dict[str, Any]) -> str:
     return text
 
 
-def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
-    """Record both paths (norm sites only), judge, analyse trees; returns the JSON report."""
+def norm_kinds(kinds: Sequence[str] | None) -> list[str]:
+    """The norm kinds to record: ``kinds`` (``--kinds``) when given, which must be norm kinds; else all."""
+    if not kinds:
+        return list(NORM_KINDS)
+    other = [k for k in kinds if k not in NORM_KINDS]
+    if other:
+        raise ValueError(f"trace_norm_rounding looks at norm kinds only: --kinds must be some of "
+                         f"{', '.join(NORM_KINDS)}, but got {', '.join(other)}")
+    return list(dict.fromkeys(kinds))
+
+
+def allowed(args: argparse.Namespace) -> tuple[str, ...]:
+    """What ``--allow-could-not-judge`` lets pass the parity decision."""
+    from ulptrace.comparison import COULD_NOT_JUDGE
+
+    return (COULD_NOT_JUDGE,) if getattr(args, "allow_could_not_judge", False) else ()
+
+
+def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, Any]]:
+    """Record both paths (norm sites only), judge, analyse trees; returns (comparison, the JSON report)."""
     from ulptrace.comparison import compare
     from ulptrace.probes.onset import record_pair
     from ulptrace.run import RunConfig
@@ -175,34 +204,35 @@ def run(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     say = progress or (lambda msg: None)
     cfg = RunConfig(model=args.model, reference=args.reference, candidate=args.candidate, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed, device=args.device,
-                    dtype=args.dtype, sites=args.sites, kinds=list(NORM_KINDS), layers=args.layers, steps=args.steps)
+                    dtype=args.dtype, sites=args.sites, kinds=norm_kinds(args.kinds), layers=args.layers,
+                    steps=args.steps)
     say(f"recording {cfg.reference!r} and {cfg.candidate!r} on {cfg.model}: {cfg.prompts} prompts x "
-        f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, norm sites only")
-    ref_trace, cand_trace, ref_model, info = record_pair(cfg)
-    judge = OracleJudge(ref_model, judge_reference=True)
-    say("judging every norm record against the oracle")
-    comparison = compare(ref_trace, cand_trace, judge=judge)
-    data = comparison.to_json()
-    data["run"] = info
-    trees = [Tree.parse(t) for t in args.trees] if args.trees else list(DEFAULT_TREES)
-    data["trees"] = []
-    for diff in comparison.sites:
-        if diff.bitwise_equal or not diff.verdicts or diff.verdicts.get("tie", 0) == 0:
-            continue
-        findings = tree_findings(judge, ref_trace[diff.site, diff.step], cand_trace[diff.site, diff.step], trees)
-        data["trees"].append({"site": diff.site, "step": diff.step, "findings": findings})
+        f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, {', '.join(cfg.kinds)} sites only")
+    with ExitStack() as stack:  # the reference's path stays applied while its semantics judge, then is undone
+        ref_trace, cand_trace, ref_model, info = record_pair(cfg, stack)
+        judge = None
+        if not args.no_oracle:
+            # the reference is always judged against its own semantics here (reference_outside per record)
+            judge = OracleJudge(ref_model, judge_reference=True)
+            say("judging every norm record against the oracle")
+        comparison = compare(ref_trace, cand_trace, judge=judge, max_ulp=args.max_ulp)
+        data = comparison.to_json(allow=allowed(args))
+        data["run"] = info
+        trees = [Tree.parse(t) for t in args.trees] if args.trees else list(DEFAULT_TREES)
+        data["trees"] = []
+        for diff in comparison.sites if judge is not None else []:
+            if diff.bitwise_equal or not diff.verdicts or diff.verdicts.get("tie", 0) == 0:
+                continue
+            findings = tree_findings(judge, ref_trace[diff.site, diff.step], cand_trace[diff.site, diff.step], trees)
+            data["trees"].append({"site": diff.site, "step": diff.step, "findings": findings})
     data["conclusion"] = conclusion(data)
-    return data
+    return comparison, data
 
 
-def _orders(specs: list[str]) -> str:
-    return f"{len(specs)} orders, e.g. {', '.join(specs[:2])}" if specs else "none"
-
-
-def render(data: dict[str, Any]) -> str:
+def render(data: dict[str, Any], all_rows: bool = False) -> str:
     from ulptrace.report import to_table
 
-    lines = [to_table(data)]
+    lines = [to_table(data, all_rows=all_rows)]
     if data["trees"]:
         lines += ["", "FP32 reduction orders reproducing each side of tie rows (bit for bit):"]
         for t in data["trees"][:12]:
@@ -225,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="path to judge (default kernels:fused; any path name works)")
     parser.add_argument("--trees", nargs="*", default=None, metavar="SPEC",
                         help="FP32 reduction orders to try (default: ulptrace.trees.DEFAULT_TREES)")
-    parser.add_argument("--report-only", action="store_true", help="exit 0 even with boundary/error verdicts")
-    add_report_options(parser)
+    parser.add_argument("--report-only", action="store_true",
+                        help="exit 0 even when not at parity (boundary/error verdicts, records that could not be judged)")
+    add_report_options(parser, check_reference=False)  # the reference is always judged against its semantics
     return parser
 
 
@@ -237,10 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _quiet_transformers()
 
     def job(args: argparse.Namespace) -> int:
-        data = run(args, progress=_progress)
-        emit(data, args, render(data))
-        bad = any((s["verdicts"] or {}).get(v) for s in data["sites"] for v in ("boundary", "error", "nonfinite"))
-        return 1 if bad and not args.report_only else 0
+        comparison, data = run(args, progress=_progress)
+        emit(data, args, render(data, all_rows=args.all))
+        at_parity = comparison.parity(allowed(args))
+        return 0 if at_parity or args.report_only else 1
 
     return run_cli(job, args)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from ulptrace.record import Recorder
 from ulptrace.run import RunConfig, build_pair, check_observation, first_flip, greedy, run_metadata, selected_sites
 from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
+
+
+def selection(cfg: RunConfig) -> dict[str, Any]:
+    """The run's site selection, kept in trace metadata: with one, the comparison is not ``complete`` and the
+    onset rules that need every earlier record (``unobserved``, records without inputs) do not apply."""
+    return {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
+            "layers": cfg.layers, "steps": cfg.steps}
 
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
@@ -43,7 +51,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
                 f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
             writer = TraceWriter(reference_dir)
             final_ref: dict[int, torch.Tensor] = {}
-            meta = run_metadata(cfg, prompts, cfg.reference_mode)
+            meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
             try:
                 with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=writer,
                               path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
@@ -65,7 +73,7 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
                 say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
                 reference = LazyTrace(reference_dir)
                 sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp)
-                meta = run_metadata(cfg, prompts, cfg.candidate_mode)
+                meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
                 with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
                               path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
                     cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
@@ -82,21 +90,23 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             tmp.cleanup()
 
 
-def record_pair(cfg: RunConfig) -> tuple[Any, Any, Any, dict[str, Any]]:
+def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[str, Any]]:
     """Record both paths into memory (the candidate forced to the reference's tokens).
 
-    Returns ``(reference_trace, candidate_trace, reference_model, info)``; the reference model
-    keeps its path applied (it is a private copy), so its modules define the semantics to judge by.
+    Returns ``(reference_trace, candidate_trace, reference_model, info)``. The reference model keeps
+    its path applied until ``stack`` (the caller's ``ExitStack``) closes, so its modules define the
+    semantics to judge by for as long as the caller judges; closing the stack undoes it (a ``kernels:``
+    path patches process-wide state). The candidate's path is undone before this returns.
     Memory: every selected record of both runs — select sites (e.g. norm kinds) for long runs.
     """
     ref_model, cand_model, prompts = build_pair(cfg)
     steps = parse_range(cfg.steps)
-    ref_applied = apply_path(ref_model, cfg.reference)
-    meta = run_metadata(cfg, prompts, cfg.reference_mode)
+    ref_applied = stack.enter_context(apply_path(ref_model, cfg.reference))
+    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
     with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
                   metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
         ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len)
-    meta = run_metadata(cfg, prompts, cfg.candidate_mode)
+    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
     with apply_path(cand_model, cfg.candidate) as cand_applied:
         with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
                       metadata={**meta, "path_info": cand_applied.info}) as cand_rec:

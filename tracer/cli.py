@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,33 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
     s.add_argument("--steps", default=None, help="step range, e.g. 0:3 (0 = prefill)")
 
 
-def add_report_options(parser: argparse.ArgumentParser) -> None:
+def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool = True) -> None:
+    """Report and judging options shared by ``compare``, ``onset`` and ``trace_norm_rounding``
+    (``check_reference=False`` for a command that always judges the reference)."""
     g = parser.add_argument_group("report")
     g.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
     g.add_argument("--markdown", metavar="FILE", help="write a markdown report to FILE")
     g.add_argument("--all", action="store_true", help="show bitwise-equal rows too")
     g.add_argument("--max-ulp", type=int, default=0, help="budget for sites without oracle semantics")
     g.add_argument("--no-oracle", action="store_true", help="skip verdicts (ULP statistics only)")
-    g.add_argument("--check-reference", action="store_true",
-                   help="also judge the reference against its own semantics (reference_outside per site)")
+    if check_reference:
+        g.add_argument("--check-reference", action="store_true",
+                       help="also judge the reference against its own semantics (reference_outside per site)")
+    g.add_argument("--allow-could-not-judge", action="store_true",
+                   help="do not fail the parity decision on sites the oracle could not judge (they are then held "
+                        "to --max-ulp like sites without semantics)")
+
+
+FAIL_HELP = ("exit 1 unless the comparison is at parity: an onset (a verdict worse than tie, an unjudged or "
+             "unobserved difference), a site the oracle could not judge (see --allow-could-not-judge), or a record "
+             "missing, extra or of another shape")
+
+
+def parity_allow(args: argparse.Namespace) -> tuple[str, ...]:
+    """What the parity decision tolerates, from ``--allow-could-not-judge``."""
+    from ulptrace.comparison import COULD_NOT_JUDGE
+
+    return (COULD_NOT_JUDGE,) if getattr(args, "allow_could_not_judge", False) else ()
 
 
 def add_mode_option(group: Any, flag: str, what: str) -> None:
@@ -107,6 +126,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     import torch
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path, resolve_path
+    from ulptrace.probes.onset import selection
     from ulptrace.record import Recorder
     from ulptrace.run import greedy, make_prompts, run_metadata, selected_sites, torch_dtype
     from ulptrace.sites import parse_range
@@ -119,7 +139,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     with apply_path(model, args.path) as applied:
         writer = TraceWriter(args.out)
-        meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info}
+        meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info, "selection": selection(cfg)}
         try:
             with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
                           path=args.path, metadata=meta) as rec, torch.no_grad():
@@ -138,14 +158,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ulptrace.trace import LazyTrace
 
     reference, candidate = LazyTrace(args.reference), LazyTrace(args.candidate)
-    judge = None
-    if not args.no_oracle:
-        from ulptrace.verdicts import judge_for_trace
+    with ExitStack() as stack:  # the rebuilt reference keeps its path applied while it judges, then undone
+        judge = None
+        if not args.no_oracle:
+            from ulptrace.verdicts import judge_for_trace
 
-        judge = judge_for_trace(reference.metadata, progress=_progress, judge_reference=args.check_reference)
-    data = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp).to_json()
+            judge = judge_for_trace(reference.metadata, progress=_progress, stack=stack,
+                                    judge_reference=args.check_reference)
+        comparison = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp)
+    data = comparison.to_json(allow=parity_allow(args))
     emit(data, args, to_table(data, all_rows=args.all))
-    return 0
+    return 1 if args.fail_on_onset and not data["parity"]["ok"] else 0
 
 
 def cmd_onset(args: argparse.Namespace) -> int:
@@ -157,14 +180,14 @@ def cmd_onset(args: argparse.Namespace) -> int:
                   check_observation=args.check_observation, check_reference=args.check_reference,
                   max_ulp=args.max_ulp)
     comparison, info = run_onset(cfg, progress=_progress)
-    data = comparison.to_json()
+    data = comparison.to_json(allow=parity_allow(args))
     data["run"] = info
     flip = info["first_token_flip"]
     table = to_table(data, all_rows=args.all)
     table += "\ngreedy tokens: " + ("identical at every step" if flip is None else
                                     f"candidate's own choice first differs at step {flip['step']} (row {flip['row']})")
     emit(data, args, table)
-    return 1 if args.fail_on_onset and data["onset"] else 0
+    return 1 if args.fail_on_onset and not data["parity"]["ok"] else 0
 
 
 def cmd_semantics(args: argparse.Namespace) -> int:
@@ -191,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="compare two recorded traces")
     p.add_argument("reference")
     p.add_argument("candidate")
+    p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     add_report_options(p)
     p.set_defaults(fn=cmd_compare)
 
@@ -201,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_option(p, "--reference-mode", "the reference")
     add_mode_option(p, "--candidate-mode", "the candidate")
     p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
-    p.add_argument("--fail-on-onset", action="store_true", help="exit 1 when an onset is found")
+    p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     add_report_options(p)
     p.set_defaults(fn=cmd_onset)
 

@@ -32,7 +32,7 @@ def _verdicts(s: dict[str, Any]) -> str:
     return " ".join(f"{k}:{v[k]}" for k in VERDICTS if v.get(k)) or "-"
 
 
-def _number(value: float | int | None) -> str:
+def _number(value: float | None) -> str:
     """Compact: integers below a million as they are, anything else with three significant digits."""
     if value is None:
         return "-"

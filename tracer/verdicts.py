@@ -157,12 +157,14 @@ def _on(record: Record, device: torch.device) -> Record:
 
 
 def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None, *,
-                    judge_reference: bool = False) -> OracleJudge | None:
+                    stack: ExitStack, judge_reference: bool = False) -> OracleJudge | None:
     """Rebuild the reference model a trace was recorded from, for judging stored traces offline.
 
     Works for embedded models and local checkpoints named in the manifest; returns None (and says
     why through ``progress``) when the model cannot be rebuilt, so the comparison runs without
-    verdicts rather than with guessed ones.
+    verdicts rather than with guessed ones. The reference's path defines the semantics, so it stays
+    applied for as long as the judge is used: until ``stack`` (the caller's ``ExitStack``) closes,
+    which undoes it — a ``kernels:`` path's process-wide attention function included.
     """
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path
@@ -172,7 +174,7 @@ def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | 
         model = build_model(metadata["model"], dtype=getattr(torch, metadata.get("dtype") or "bfloat16"),
                             seed=metadata.get("seed") or 0,
                             attn_implementation=metadata.get("attn_implementation") or "sdpa")
-        apply_path(model, metadata.get("path", "hf"))
+        stack.enter_context(apply_path(model, metadata.get("path", "hf")))
     except (KeyError, ValueError, OSError) as exc:
         say(f"no verdicts: cannot rebuild the reference model from the trace metadata ({exc})")
         return None
