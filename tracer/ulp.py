@@ -653,8 +653,6 @@ def _buckets(c: list[int]) -> dict[str, int]:
 
 def _triton_stats() -> Any:
     """The fused CUDA statistics (``ulptrace._ulp_triton.stats``), or None where Triton is not installed."""
-    try:
-        from ulptrace._ulp_triton import stats
-    except ImportError:
-        return None
-    return stats
+    from ulptrace import _ulp_triton
+
+    return _ulp_triton.stats if _ulp_triton.AVAILABLE else None

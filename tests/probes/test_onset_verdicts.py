@@ -127,14 +127,17 @@ def test_rope_site_judges_rotary_variants(tmp_path, monkeypatch, model, layer) -
     assert {s["boundary"] for s in ropes} == {"all intermediates fused into one final rounding"}
 
 
-def test_a_scan_bug_is_an_onset_even_without_oracle_semantics(tmp_path, monkeypatch) -> None:
-    data = _onset(tmp_path, monkeypatch, "candidates:gdn_scan_bug")
-    assert data["onset"] == {"step": 0, "site": "layers.0.linear_attn.core", "kind": "attention", "layer": 0,
-                             "reason": "unjudged"}
-    core = next(s for s in data["sites"] if s["site"] == "layers.0.linear_attn.core" and s["step"] == 0)
-    assert core["verdicts"] is None and "no oracle semantics" in core["note"]
-    assert set(core["input_delta"]) == {"query", "key", "value", "g", "beta"}
-    assert all(v == 0 for v in core["input_delta"].values())
-    # the budget is for honest kernels without semantics (e.g. flash-linear-attention's scan)
-    tolerant = _onset(tmp_path, monkeypatch, "candidates:gdn_scan_bug", "--max-ulp", "100000", "--layers", "0:1")
-    assert tolerant["onset"] is None
+def test_a_scan_bug_is_an_error_at_the_scan_on_equal_inputs(tmp_path, monkeypatch) -> None:
+    """The GatedDeltaNet scan has oracle semantics (ulptrace.oracle.gdn): an output scaled by (1 + 2^-6) is
+    an error there, on bitwise-equal recorded inputs, whatever --max-ulp says (a budget is for sites
+    without semantics)."""
+    for extra in ((), ("--max-ulp", "100000")):
+        data = _onset(tmp_path, monkeypatch, "candidates:gdn_scan_bug", *extra)
+        assert data["onset"] == {"step": 0, "site": "layers.0.linear_attn.core", "kind": "attention", "layer": 0,
+                                 "reason": "verdict"}
+        core = next(s for s in data["sites"] if s["site"] == "layers.0.linear_attn.core" and s["step"] == 0)
+        # the site's verdict is error (the worst class present); a uniform 1.6% scaling is within what BF16
+        # tensor-core operands can do to many single elements, so only part of the elements are errors
+        assert core["verdicts"]["error"] > 0
+        assert set(core["input_delta"]) == {"query", "key", "value", "g", "beta"}
+        assert all(v == 0 for v in core["input_delta"].values())
