@@ -83,15 +83,15 @@ def traced(cfg, reports: Path | None, name: str) -> tuple[float, int]:
 
 def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
     """GB/s of the ULP statistics on two differing BF16 tensors vs a plain copy of the same bytes."""
-    from ulptrace.comparison import _ulp_stats
+    from ulptrace.ulp import ulp_stats
 
     n = mib * 2**20 // 2
     a = torch.randn(n, device=device).bfloat16()
     b = (a.float() * (1 + 2**-7 * torch.randn(n, device=device))).bfloat16()
-    _ulp_stats(a, b)
+    ulp_stats(a, b)
     _sync(device)
     t0 = time.perf_counter()
-    _ulp_stats(a, b)
+    ulp_stats(a, b)
     _sync(device)
     t_stats = time.perf_counter() - t0
     a.clone()

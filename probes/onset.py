@@ -1,9 +1,10 @@
 """Onset: where does a candidate path first diverge from the reference, over prefill and decode?
 
-Records the reference path over a greedy generation (prefill + N decode steps) into a trace on
-disk, then runs the candidate on a second copy of the same model, *forced to the reference's
-tokens* so every step sees the same inputs, and compares each record on the fly against the
-reference (statistics only; memory bounded). The oracle judges every site on each path's own
+Records the reference path over a greedy generation (prefill + N decode steps) into memory on the
+device that produced it (or into a trace on disk when a directory is given), then runs the candidate
+on a second copy of the same model, *forced to the reference's tokens* so every step sees the same
+inputs, and compares each record on the fly against the reference where the data is (statistics
+only; each reference record is released once compared). The oracle judges every site on each path's own
 inputs. The candidate's own greedy choice is kept too, so the report says at which step its
 tokens would have flipped. Each side runs in its own mode (``eager``, ``static``, ``graph``; see
 ``ulptrace.run``), so a static cache or CUDA-graph replay can be traced against HF's default.
@@ -11,7 +12,6 @@ tokens would have flipped. Each side runs in its own mode (``eager``, ``static``
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,7 +21,15 @@ import torch
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.paths import apply_path
 from ulptrace.record import Recorder
-from ulptrace.run import RunConfig, build_pair, check_observation, first_flip, greedy, run_metadata, selected_sites
+from ulptrace.run import (
+    RunConfig,
+    build_pair,
+    check_observation,
+    first_flip,
+    greedy,
+    run_metadata,
+    selected_sites,
+)
 from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
 
@@ -35,59 +43,56 @@ def selection(cfg: RunConfig) -> dict[str, Any]:
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
               progress: Callable[[str], None] | None = None) -> tuple[Comparison, dict[str, Any]]:
-    """Record the reference to disk, stream the candidate against it; returns (comparison, run info)."""
+    """Record the reference (in memory, or to ``reference_dir``), stream the candidate against it; returns
+    (comparison, run info)."""
     say = progress or (lambda msg: None)
     ref_model, cand_model, prompts = build_pair(cfg)
     steps = parse_range(cfg.steps)
-    tmp = None
-    if reference_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="ulptrace-onset-")
-        reference_dir = Path(tmp.name) / "reference"
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
                             "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
-    try:
-        with apply_path(ref_model, cfg.reference) as ref_applied:
-            say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
-                f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
-            writer = TraceWriter(reference_dir)
-            final_ref: dict[int, torch.Tensor] = {}
-            meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
-            try:
-                with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=writer,
-                              path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
-                    ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
-                                        cache_len=cfg.cache_len, on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
-            except BaseException:
+    with apply_path(ref_model, cfg.reference) as ref_applied:
+        say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
+            f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
+        # the reference's records stay in memory where they were produced (no disk round trip) unless a
+        # directory is asked for; each is released as soon as the candidate's record is compared
+        writer = TraceWriter(reference_dir) if reference_dir is not None else None
+        final_ref: dict[int, torch.Tensor] = {}
+        meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
+        try:
+            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=writer,
+                          path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
+                ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
+                                    cache_len=cfg.cache_len, on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
+        except BaseException:
+            if writer is not None:
                 writer.abort()
-                raise
+            raise
+        if writer is not None:
             writer.close(rec.metadata)
-            if cfg.check_observation:
-                info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
-                                                        mode=cfg.reference_mode, cache_len=cfg.cache_len)
-            judge = None
-            if cfg.oracle:
-                from ulptrace.verdicts import OracleJudge
+        reference = LazyTrace(reference_dir) if writer is not None else rec.trace
+        if cfg.check_observation:
+            info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
+                                                    mode=cfg.reference_mode, cache_len=cfg.cache_len)
+        judge = None
+        if cfg.oracle:
+            from ulptrace.verdicts import OracleJudge
 
-                judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
-            with apply_path(cand_model, cfg.candidate) as cand_applied:
-                say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
-                reference = LazyTrace(reference_dir)
-                sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp)
-                meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
-                with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
-                              path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
-                    cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
-                                         mode=cfg.candidate_mode, cache_len=cfg.cache_len)
-                sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
-                comparison = sink.finish()
-        comparison.observation = info.get("observation")
-        info["reference_tokens"] = ref_tokens.tolist()
-        info["candidate_tokens"] = cand_tokens.tolist()
-        info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
-        return comparison, info
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+            judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
+        with apply_path(cand_model, cfg.candidate) as cand_applied:
+            say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
+            sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
+            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
+            with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
+                          path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
+                cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
+                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len)
+            sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
+            comparison = sink.finish()
+    comparison.observation = info.get("observation")
+    info["reference_tokens"] = ref_tokens.tolist()
+    info["candidate_tokens"] = cand_tokens.tolist()
+    info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
+    return comparison, info
 
 
 def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[str, Any]]:

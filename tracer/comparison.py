@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
 from ulptrace.trace import Record, Trace
-from ulptrace.ulp import FORMATS, bits, row_histogram, row_ulp_distance, ulp_distance, ulp_histogram
+from ulptrace.ulp import FORMATS, ROW_HISTOGRAM_BUCKETS, bits, row_histogram, row_ulp_distance, ulp_stats
 
 ONSET_REASONS = ("verdict", "unjudged", "unobserved")
 COULD_NOT_JUDGE = "could_not_judge"
@@ -76,6 +76,8 @@ class SiteDiff:
     max_row_ulp: float | None = None  # greatest difference in ULPs of its row's magnitude
     row_histogram: dict[str, int] = field(default_factory=dict)
     admissible_width: float | None = None  # median width of the admissible set, ULPs of the output (GDN scan)
+    # {verdict: {ULP bucket: count}} of the differing elements (tie, boundary, error, nonfinite); None unjudged
+    verdict_histogram: dict[str, dict[str, int]] | None = None
 
     @property
     def own_error(self) -> bool:
@@ -99,20 +101,19 @@ class SiteDiff:
 def _ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int | None, dict[str, int]]:
     """(differing count, max ULP or None when not measurable, histogram) of two same-shape tensors."""
     if a.dtype in FORMATS:
-        dist = ulp_distance(a, b)
-        hist = ulp_histogram(dist.distance, dist.nan)
-        differing = int(a.numel() - hist["0"])
-        finite = dist.distance[~dist.nan]
-        max_ulp = int(finite.max()) if finite.numel() else 0
-        return differing, max_ulp, hist
+        return tuple(ulp_stats(a, b))  # type: ignore[return-value]
     differing = int((a != b).sum())  # integer / bool records: count only
     return differing, None, {}
 
 
-def _row_stats(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[float | None, dict[str, int]]:
-    """(greatest difference in ULPs of the row's magnitude, its histogram); (None, {}) when not measurable."""
+def _row_stats(reference: torch.Tensor, candidate: torch.Tensor, equal: bool = False
+               ) -> tuple[float | None, dict[str, int]]:
+    """(greatest difference in ULPs of the row's magnitude, its histogram); (None, {}) when not measurable.
+    ``equal``: the two are known to be bitwise equal (every distance 0, nothing to compute)."""
     if reference.dtype not in FORMATS:
         return None, {}
+    if equal:
+        return 0.0, {k: (reference.numel() if k == "0" else 0) for k in ROW_HISTOGRAM_BUCKETS}
     dist = row_ulp_distance(reference, candidate)
     finite = dist.distance[~dist.nonfinite]
     return (float(finite.max()) if finite.numel() else 0.0), row_histogram(dist)
@@ -181,21 +182,24 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
             "reason": f"reference has {str(ref.dtype).removeprefix('torch.')} {list(ref.shape)}, "
                       f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
         }
-    ref, cand = ref.cpu(), cand.cpu()
+    # statistics where the records are (one device), bitwise-equal records in one comparison pass
+    cand = cand.to(ref.device)
+    equal = bitwise_equal(ref, cand)
     differing, max_ulp, hist = _ulp_stats(ref, cand)
-    max_row_ulp, row_hist = _row_stats(ref, cand)
+    max_row_ulp, row_hist = _row_stats(ref, cand, equal)
     inputs: dict[str, int | None] = {}
     for role, r_in in reference.inputs.items():
         c_in = candidate.inputs.get(role)
         if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
             inputs[role] = None
             continue
-        _, in_max, _ = _ulp_stats(r_in.cpu(), c_in.cpu())
-        inputs[role] = in_max if in_max is not None else int(not torch.equal(r_in.cpu(), c_in.cpu()))
+        c_in = c_in.to(r_in.device)
+        _, in_max, _ = _ulp_stats(r_in, c_in)
+        inputs[role] = in_max if in_max is not None else int(not torch.equal(r_in, c_in))
     diff = SiteDiff(
         site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
         elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
-        bitwise_equal=bitwise_equal(ref, cand), dtype=str(ref.dtype).removeprefix("torch."),
+        bitwise_equal=equal, dtype=str(ref.dtype).removeprefix("torch."),
         shape=list(ref.shape), input_delta=inputs, note=note, max_row_ulp=max_row_ulp, row_histogram=row_hist,
     )
     if judge is not None:
@@ -430,9 +434,11 @@ class StreamingComparator:
     """
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, release: bool = False) -> None:
         self.reference = reference
         self.judge = judge
+        self.release = release and hasattr(reference, "pop")  # free each reference record once compared
+        self._keys = list(reference.keys()) if self.release else None
         self.result = Comparison(reference=dict(getattr(reference, "metadata", {})), max_ulp=max_ulp,
                                  candidate=dict(metadata or {}))
         self._seen: set[tuple[str, int]] = set()
@@ -443,7 +449,7 @@ class StreamingComparator:
 
     def add(self, record: Record) -> None:
         self._seen.add(record.key)
-        ref = self.reference.get(record.key)
+        ref = self.reference.pop(record.key) if self.release else self.reference.get(record.key)
         if ref is None:
             self.result.extra.append({"site": record.site, "step": record.step})
             return
@@ -454,7 +460,10 @@ class StreamingComparator:
             self.result.sites.append(diff)
 
     def finish(self) -> Comparison:
-        keys = self.reference.keys() if hasattr(self.reference, "keys") else [r.key for r in self.reference]
+        if self._keys is not None:
+            keys = self._keys
+        else:
+            keys = self.reference.keys() if hasattr(self.reference, "keys") else [r.key for r in self.reference]
         self.result.missing = [{"site": s, "step": t} for s, t in keys if (s, t) not in self._seen]
         return self.result
 

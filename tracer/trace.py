@@ -104,6 +104,11 @@ class Trace:
     def get(self, key: tuple[str, int]) -> Record | None:
         return self._records.get(key)
 
+    def pop(self, key: tuple[str, int]) -> Record | None:
+        """Remove and return the record at ``key`` (None if absent): a streaming comparison releases each
+        reference record as soon as it is compared."""
+        return self._records.pop(key, None)
+
     def __contains__(self, key: object) -> bool:
         return key in self._records
 
