@@ -24,20 +24,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from ulptrace.families import DECODER_LAYERS, is_gated_deltanet
 from ulptrace.kernels.gated_rms_norm import gated_rms_norm
 from ulptrace.kernels.glu import glu
 from ulptrace.kernels.rms_norm import add_rms_norm
 
-# decoder layer class -> how its token mixer is called ("hybrid": Qwen3.5's linear/full attention)
-LAYER_FAMILIES: dict[str, str] = {
-    "Qwen3_5DecoderLayer": "hybrid",
-    "Qwen3_5TextDecoderLayer": "hybrid",
-    "LlamaDecoderLayer": "attention",
-    "Qwen3DecoderLayer": "attention",
-    "Qwen2DecoderLayer": "attention",
-    "MistralDecoderLayer": "attention",
-}
-GATED_NORMS = ("Qwen3_5RMSNormGated",)
+# decoder layer class -> how its token mixer is called ("hybrid": Qwen3.5's linear/full attention): the core's
+# one table of HF classes (ulptrace.families)
+LAYER_FAMILIES: dict[str, str] = DECODER_LAYERS
 SILU_ACTIVATIONS = ("SiLUActivation", "SiLU")
 
 
@@ -122,7 +116,7 @@ def _named_arguments(layer: nn.Module, hidden_states: torch.Tensor, args: tuple,
 
 def _mix(layer: nn.Module, family: str, h: torch.Tensor, named: dict[str, Any]) -> torch.Tensor:
     """Call the layer's token mixer as HF's layer does (by keyword, same values)."""
-    if family == "hybrid" and getattr(layer, "block_type", None) == "linear_attention":
+    if family == "hybrid" and is_gated_deltanet(getattr(layer, "linear_attn", None)):
         named = dict(named)
         named.pop("position_embeddings", None)
         named.pop("position_ids", None)

@@ -17,12 +17,7 @@ from __future__ import annotations
 import torch
 from ulptrace.kernels import _common as c
 from ulptrace.kernels.glu import silu_fp32
-from ulptrace.kernels.rms_norm import mean_sq_fp32, rstd_fp32
-
-
-def tree_spec(n: int, dtype: torch.dtype) -> str:
-    """The FP32 reduction tree of the kernel's sum of squares over rows of ``n`` elements."""
-    return c.blocked_tree(n, dtype)
+from ulptrace.kernels.rms_norm import mean_sq_fp32, rstd_fp32, tree_spec  # noqa: F401 (the norm's tree, re-exported)
 
 
 def _check(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, mode: str) -> None:

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from ulptrace.families import GATED_NORMS, is_gated_deltanet
 from ulptrace.kernels import _build
 from ulptrace.kernels import _common as c
 from ulptrace.kernels._patches import (
-    GATED_NORMS,
     LAYER_FAMILIES,
     SILU_ACTIVATIONS,
     KernelGatedRMSNorm,
@@ -51,7 +51,7 @@ from ulptrace.kernels._patches import (
 )
 from ulptrace.kernels.decode_attention import SEMANTICS, decode_attention, max_cache_len, tree_specs
 from ulptrace.kernels.gdn_gates import gdn_gates
-from ulptrace.kernels.rms_norm import VARIANTS
+from ulptrace.kernels.rms_norm import VARIANTS, tree_spec
 
 from ulptrace.sites import GDN_FUNCTIONS  # the functions HF hands the gates to are site metadata
 
@@ -179,7 +179,7 @@ def _tree_key(weight: torch.Tensor) -> str:
 
 
 def _norm_tree(weight: torch.Tensor) -> str:
-    return c.blocked_tree(weight.numel(), weight.dtype)
+    return tree_spec(weight.numel(), weight.dtype)
 
 
 def _apply_norms(model: nn.Module, inj: Injection, dtype: torch.dtype) -> None:
@@ -229,7 +229,7 @@ def _apply_gdn_gates(model: nn.Module, inj: Injection) -> None:
     from ulptrace.taps import tap
 
     gdns = [(p, m) for p, m in model.named_modules()
-            if all(hasattr(m, n) for n in ("A_log", "dt_bias", "in_proj_a", "in_proj_b"))]
+            if is_gated_deltanet(m) and hasattr(m, "in_proj_a") and hasattr(m, "in_proj_b")]
     if not gdns:
         return
     state: dict[str, Any] = {"module": None, "a": None, "b": None}
@@ -299,7 +299,7 @@ def _decode_valid(mask: Any, batch: int, length: int) -> tuple[bool, torch.Tenso
 
 
 def _apply_decode_attention(model: nn.Module, inj: Injection) -> None:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from ulptrace.sites import attention_lookup
     from ulptrace.taps import tap
 
     modules = [(p, m.self_attn) for p, m in model.named_modules()
@@ -311,10 +311,7 @@ def _apply_decode_attention(model: nn.Module, inj: Injection) -> None:
         inj.skipped["decode_attention"] = (f"the model's attention implementation is {impl_name!r}; "
                                            f"the kernel reproduces {SEMANTICS}")
         return
-    if impl_name == "eager":
-        namespace, fn_name = sys.modules[type(modules[0][1]).__module__], "eager_attention_forward"
-    else:
-        namespace, fn_name = ALL_ATTENTION_FUNCTIONS, impl_name
+    namespace, fn_name = attention_lookup(model)  # where HF resolves it at call time, as the recorder taps it
     the_tap = tap(namespace, fn_name)
     original = the_tap.original
     ours = {id(m) for _, m in modules}

@@ -30,18 +30,14 @@ square root — and reproduces the kernel bit for bit on any device.
 from __future__ import annotations
 
 import torch
+from ulptrace.families import NORM_SCALES
 from ulptrace.kernels import _common as c
 
 VARIANTS_NAMES = ("llama", "zero_centred")
-# HF norm class name -> variant (classes whose forward is exactly that formula)
-VARIANTS: dict[str, str] = {
-    "LlamaRMSNorm": "llama",
-    "Qwen3RMSNorm": "llama",
-    "Qwen2RMSNorm": "llama",
-    "MistralRMSNorm": "llama",
-    "Qwen3_5RMSNorm": "zero_centred",
-    "Qwen3_5TextRMSNorm": "zero_centred",
-}
+# HF norm class name -> variant, from the core's one table of HF classes (ulptrace.families.NORM_SCALES):
+# scaled by weight -> "llama", by 1 + weight -> "zero_centred"
+VARIANTS: dict[str, str] = {name: "zero_centred" if scale == "one_plus_weight" else "llama"
+                            for name, scale in NORM_SCALES.items()}
 _VARIANT_CODE = {"llama": 0, "zero_centred": 1}
 
 

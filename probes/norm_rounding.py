@@ -262,13 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ulptrace.cli import _progress, _quiet_transformers, emit, run_cli
+    from ulptrace.cli import emit, quiet_transformers, report_progress, run_cli
 
     args = build_parser().parse_args(argv)
-    _quiet_transformers()
+    quiet_transformers()
 
     def job(args: argparse.Namespace) -> int:
-        comparison, data = run(args, progress=_progress)
+        comparison, data = run(args, progress=report_progress)
         emit(data, args, render(data, all_rows=args.all))
         at_parity = comparison.parity(allowed(args))
         return 0 if at_parity or args.report_only else 1

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.paths import apply_path
-from ulptrace.record import Recorder
+from ulptrace.record import MemorySink, Recorder
 from ulptrace.run import (
     RunConfig,
     build_pair,
@@ -55,21 +55,25 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         # the reference's records stay in memory where they were produced (no disk round trip) unless a
         # directory is asked for; each is released as soon as the candidate's record is compared
-        writer = TraceWriter(reference_dir) if reference_dir is not None else None
+        # on a GPU the reference is kept in host memory unless asked otherwise (--reference-memory device):
+        # a long prompt's records would not fit beside two models
+        keep = "cpu" if cfg.reference_memory == "host" or (
+            cfg.reference_memory == "auto" and torch.device(cfg.device).type != "cpu") else None
+        ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
         final_ref: dict[int, torch.Tensor] = {}
         meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
         try:
-            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=writer,
+            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=ref_sink,
                           path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
                 ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
                                     cache_len=cfg.cache_len, on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
         except BaseException:
-            if writer is not None:
-                writer.abort()
+            if isinstance(ref_sink, TraceWriter):
+                ref_sink.abort()
             raise
-        if writer is not None:
-            writer.close(rec.metadata)
-        reference = LazyTrace(reference_dir) if writer is not None else rec.trace
+        if isinstance(ref_sink, TraceWriter):
+            ref_sink.close(rec.metadata)
+        reference = LazyTrace(reference_dir) if isinstance(ref_sink, TraceWriter) else rec.trace
         if cfg.check_observation:
             info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
                                                     mode=cfg.reference_mode, cache_len=cfg.cache_len)

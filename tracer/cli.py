@@ -178,7 +178,7 @@ def cmd_onset(args: argparse.Namespace) -> int:
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
-                  max_ulp=args.max_ulp)
+                  max_ulp=args.max_ulp, reference_memory=args.reference_memory)
     comparison, info = run_onset(cfg, progress=_progress)
     data = comparison.to_json(allow=parity_allow(args))
     data["run"] = info
@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_mode_option(p, "--reference-mode", "the reference")
     add_mode_option(p, "--candidate-mode", "the candidate")
     p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
+    p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
+                   help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
+                        "(CPU memory), auto (host on a GPU, else device)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     add_report_options(p)
     p.set_defaults(fn=cmd_onset)

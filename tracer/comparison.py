@@ -183,7 +183,7 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
                       f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
         }
     # statistics where the records are (one device), bitwise-equal records in one comparison pass
-    cand = cand.to(ref.device)
+    ref = ref.to(cand.device)  # compared where the candidate's record was produced
     equal = bitwise_equal(ref, cand)
     differing, max_ulp, hist = _ulp_stats(ref, cand)
     max_row_ulp, row_hist = _row_stats(ref, cand, equal)
@@ -193,7 +193,7 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
         if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
             inputs[role] = None
             continue
-        c_in = c_in.to(r_in.device)
+        r_in = r_in.to(c_in.device)
         _, in_max, _ = _ulp_stats(r_in, c_in)
         inputs[role] = in_max if in_max is not None else int(not torch.equal(r_in, c_in))
     diff = SiteDiff(

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 import torch
-from ulptrace.sites import GDN_FUNCTIONS, Site, _sub, attention_lookup, site_table
+from ulptrace.sites import GDN_FUNCTIONS, Site, attention_lookup, site_table, submodule
 from ulptrace.taps import Handle, tap
 from ulptrace.ulp import next_down, next_up
 
@@ -79,7 +79,7 @@ def inject_fault(model: Any, site: str, step: int, index: tuple[int, ...] | int 
     fault = Fault(spec, step, index, ulps)
     fault._handles.append(model.register_forward_pre_hook(fault._count_step))
     obs = spec.out
-    module = _sub(model, obs.module) if obs.module else model
+    module = submodule(model, obs.module) if obs.module else model
     if obs.at == "out":
         def post(m: Any, args: Any, output: Any) -> Any:
             if not fault._due():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ulptrace.families import is_gated_deltanet, norm_scale
 
 DEFAULT_MODEL = "tiny-qwen3.5"
 
@@ -123,12 +124,6 @@ def _std_of(model: torch.nn.Module) -> float:
     return float(getattr(model.config, "initializer_range", 0.02))
 
 
-def _is_zero_centred(module: torch.nn.Module) -> bool:
-    """True for norms that scale by ``(1 + weight)`` (Qwen3.5, Gemma); read from the HF class."""
-    name = type(module).__name__
-    return name in {"Qwen3_5RMSNorm", "Qwen3NextRMSNorm", "GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"}
-
-
 @torch.no_grad()
 def realistic_init_(model: torch.nn.Module, seed: int) -> None:
     """Redraw norm weights, GDN gate parameters and embeddings with trained-like spreads (in place)."""
@@ -140,9 +135,9 @@ def realistic_init_(model: torch.nn.Module, seed: int) -> None:
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if "RMSNorm" in type(module).__name__ and isinstance(weight, torch.Tensor):
-            mean = 0.0 if _is_zero_centred(module) else 1.0
+            mean = 0.0 if norm_scale(module) == "one_plus_weight" else 1.0  # Qwen3.5, Gemma: 1 + weight
             weight.copy_(draw(weight.shape, mean, _NORM_SPREAD))
-        if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+        if is_gated_deltanet(module):
             heads = module.A_log.shape
             a = torch.rand(heads, generator=gen) * 15.99 + 0.01  # HF's range for A
             module.A_log.copy_(a.log())

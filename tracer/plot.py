@@ -2,7 +2,8 @@
 
 One picture answers the question ulptrace exists for: rows are sites in execution order, columns
 are steps (0 = prefill), and each cell is the worst verdict at that (site, step) — exact, tie,
-boundary, error, nonfinite — or grey where the site's kind has no oracle semantics. The onset is
+boundary, error, nonfinite — or grey where the site's kind has no oracle semantics, and magenta
+where the oracle could not judge a site that has semantics (never drawn as "no semantics"). The onset is
 ringed. Functions take a report (``Comparison.to_json()`` or the JSON file's contents) and an
 optional ``ax``, return the Figure and never call ``plt.show()``; matplotlib is imported here only.
 """
@@ -10,6 +11,8 @@ optional ``ax``, return the Figure and never call ``plt.show()``; matplotlib is 
 from __future__ import annotations
 
 from typing import Any
+
+from ulptrace.oracle.judge import VERDICTS
 
 VERDICT_COLORS = {
     "equal": "#f2f2f2",  # bitwise equal
@@ -19,21 +22,21 @@ VERDICT_COLORS = {
     "error": "#de2d26",
     "nonfinite": "#54278f",
     "unjudged": "#bdbdbd",  # differs, no oracle semantics for the kind
+    "could not judge": "#e7298a",  # the oracle failed on a site that has semantics
 }
-_ORDER = ("equal", "exact", "tie", "boundary", "error", "nonfinite", "unjudged")
+_ORDER = ("equal", *VERDICTS, "unjudged", "could not judge")
 
 
 def worst_class(entry: dict[str, Any]) -> str:
-    """The class a cell is drawn in: the worst verdict present, 'equal' or 'unjudged'."""
+    """The class a cell is drawn in: the worst verdict present, 'equal', 'unjudged' or 'could not judge'."""
+    if entry.get("could_not_judge"):
+        return "could not judge"
     if entry["bitwise_equal"]:
         return "equal"
     verdicts = entry.get("verdicts")
     if not verdicts:
         return "unjudged"
-    for name in ("nonfinite", "error", "boundary", "tie"):
-        if verdicts.get(name):
-            return name
-    return "exact"
+    return next((name for name in reversed(VERDICTS) if verdicts.get(name)), "exact")
 
 
 def plot_verdict_map(data: dict[str, Any], ax: Any = None, *, max_sites: int | None = None,

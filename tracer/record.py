@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
-from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, _sub, attention_lookup, site_table
+from ulptrace.families import is_gated_deltanet
+from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, attention_lookup, site_table, submodule
 from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, library_versions
 
@@ -106,7 +107,7 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
     stale copy shows up as a differing checksum (``Comparison.parameters``). Computed on the
     parameters' device, one reduction each.
     """
-    from ulptrace.comparison import bits
+    from ulptrace.ulp import bits
 
     out = {}
     for name, p in model.named_parameters(remove_duplicate=True):
@@ -240,7 +241,7 @@ class Recorder:
         for obs in self._needed:
             per_module[obs.module].add(obs.at)
         for path, ats in per_module.items():
-            module = _sub(model, path) if path else model
+            module = submodule(model, path) if path else model
             self._install_module(path, module, ats)
 
     def _install_module(self, path: str, module: torch.nn.Module, ats: set[str]) -> None:
@@ -249,7 +250,7 @@ class Recorder:
         if ats & {"out", "out1", "residual", "state.conv", "state.recurrent"}:
             self._handles.append(module.register_forward_hook(self._post_hook(path, ats), with_kwargs=True))
         taps = {at for at in ats if at.startswith("tap.")}
-        if taps and hasattr(module, "A_log"):  # a GatedDeltaNet: gates go to module-level functions
+        if taps and is_gated_deltanet(module):  # its gates go to module-level functions
             self._handles.append(module.register_forward_pre_hook(self._gdn_enter(path)))
             self._handles.append(module.register_forward_hook(self._gdn_exit))
             namespace = sys.modules[type(module).__module__]

@@ -68,6 +68,7 @@ class RunConfig:
     check_observation: bool = False
     check_reference: bool = False  # also judge the reference against its own semantics
     max_ulp: int = 0
+    reference_memory: str = "auto"  # where onset keeps the reference's records: device, host or auto
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -84,6 +85,8 @@ class RunConfig:
 
         check_model(self.model)
         check_selection(self)
+        if self.reference_memory not in ("auto", "device", "host"):
+            raise ValueError(f"--reference-memory must be one of auto, device, host, but got {self.reference_memory!r}")
         if self.cache_len is not None and self.reference_mode == self.candidate_mode == "eager":
             raise ValueError(f"--cache-len sizes the static cache of the static and graph modes, but both sides run "
                              f"eager (dynamic cache); got --cache-len {self.cache_len} with no static or graph mode")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from ulptrace.families import ARCHITECTURES
 
 KINDS = ("norm", "gated_norm", "glu", "gates", "conv", "rope", "attention", "residual", "state", "logits", "linear",
          "other")
@@ -82,7 +83,9 @@ class Row:
     optional: tuple[str, ...] = ()  # input roles that may be absent from a record
 
 
-def _sub(scope: torch.nn.Module, path: str) -> Any:
+def submodule(scope: torch.nn.Module, path: str) -> Any:
+    """The attribute at dotted ``path`` below ``scope`` (``"mlp.down_proj"``; ``""`` is ``scope``); raises
+    ``AttributeError`` when there is none."""
     obj: Any = scope
     for part in filter(None, path.split(".")):
         obj = getattr(obj, part)
@@ -98,7 +101,7 @@ def _call(path: str) -> Callable[[Any, Any], Formula]:
     """Formula: the reference's own module at ``path`` on the single input ``x``."""
 
     def build(scope: Any, model: Any) -> Formula:
-        forward = _sub(scope, path).forward
+        forward = submodule(scope, path).forward
         return lambda x: forward(x)
 
     return build
@@ -112,7 +115,7 @@ def _add_then(path: str) -> Callable[[Any, Any], Formula]:
     """Formula: the decoder layer's residual add (rounds to the stream dtype), then the norm at path."""
 
     def build(scope: Any, model: Any) -> Formula:
-        forward = _sub(scope, path).forward
+        forward = submodule(scope, path).forward
         return lambda residual, delta: forward(residual + delta)
 
     return build
@@ -229,7 +232,7 @@ def attention_function(model: Any, *, unwrap: bool = False) -> Callable[..., Any
 
 
 def _final_norm(scope: Any, model: Any) -> Formula:
-    norm = _sub(model, _resolve(_anchors(model), "", "@body.norm", None)).forward
+    norm = submodule(model, _resolve(_anchors(model), "", "@body.norm", None)).forward
     return lambda x: norm(x)
 
 
@@ -337,11 +340,9 @@ _LAYER_ORDER_QWEN35 = (
     _COMMON_LAYER_ROWS[:1] + _GDN_ROWS + _COMMON_LAYER_ROWS[1:]
 )
 
-TABLES: dict[str, Table] = {
-    "qwen3_5": Table("qwen3_5", ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM"),
-                     _LAYER_ORDER_QWEN35),
-    "llama": Table("llama", ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-                             "GemmaForCausalLM", "Gemma2ForCausalLM"), _COMMON_LAYER_ROWS),
+TABLES: dict[str, Table] = {  # architectures per family: ulptrace.families, the one table of HF classes
+    "qwen3_5": Table("qwen3_5", ARCHITECTURES["qwen3_5"], _LAYER_ORDER_QWEN35),
+    "llama": Table("llama", ARCHITECTURES["llama"], _COMMON_LAYER_ROWS),
 }
 
 # Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped), and the
@@ -404,7 +405,7 @@ def _resolve(anchors: dict[str, str], scope: str, path: str, layer: torch.nn.Mod
 
 def _exists(model: Any, path: str) -> bool:
     try:
-        _sub(model, path)
+        submodule(model, path)
     except AttributeError:
         return False
     return True

@@ -67,6 +67,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from ulptrace.ulp import bits
 
 __all__ = [
     "DEFAULT_TREES",
@@ -472,15 +473,6 @@ def reduce_fp32(x: torch.Tensor, tree: Tree | str, dim: int = -1) -> torch.Tenso
     return _EVALUATORS[tree.kind](x.movedim(dim, -1), tree)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer view of ``t``'s bits with every NaN mapped to one pattern (payloads vary by backend)."""
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    bits = t.contiguous().view(ints)
-    if t.is_floating_point():
-        bits = torch.where(torch.isnan(t), torch.full_like(bits, -1), bits)
-    return bits
-
-
 def matching_trees(
     x: torch.Tensor,
     target: torch.Tensor,
@@ -519,7 +511,7 @@ def matching_trees(
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, but got {type(target).__name__}")
     _check_input(x, dim, "matching_trees")
-    target_bits = _bits(target)
+    target_bits = bits(target, canonical_nan=True)  # NaN payloads vary by backend
     masks: dict[Tree, torch.Tensor] = {}
     for tree in tree_list:
         sums = reduce_fp32(x, tree, dim)
@@ -537,7 +529,7 @@ def matching_trees(
                 f"{tuple(sums.shape)}, but got compared {tuple(compared.shape)} and target "
                 f"{tuple(target.shape)}"
             )
-        equal = _bits(compared) == target_bits.to(compared.device)
+        equal = bits(compared, canonical_nan=True) == target_bits.to(compared.device)
         masks[tree] = equal.reshape(*sums.shape, -1).all(dim=-1)
     return masks
 
@@ -610,7 +602,8 @@ def torch_cpu_tree() -> Tree:
     hits = [
         w
         for w in _PROBE_WIDTHS
-        if all(torch.equal(_bits(torch.sum(r, -1)), _bits(_torch_cpu(r, w))) for r in rows)
+        if all(torch.equal(bits(torch.sum(r, -1), canonical_nan=True), bits(_torch_cpu(r, w), canonical_nan=True))
+               for r in rows)
     ]
     if len(hits) != 1:
         raise RuntimeError(

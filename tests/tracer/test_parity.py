@@ -99,6 +99,15 @@ def test_compare_exit_code_uses_the_same_decision(tmp_path) -> None:
     assert main(["compare", str(ref), str(other), "--fail-on-onset", "--json", str(out)]) == 0
 
 
+def test_the_verdict_map_draws_could_not_judge_apart_from_no_semantics() -> None:
+    from ulptrace.plot import worst_class
+
+    base = {"bitwise_equal": False, "verdicts": None}
+    assert worst_class({**base, "could_not_judge": "TypeError: bad"}) == "could not judge"
+    assert worst_class(base) == "unjudged"
+    assert worst_class({**base, "verdicts": {"exact": 1, "tie": 2, "boundary": 0, "error": 1, "nonfinite": 0}}) == "error"
+
+
 def test_markdown_and_json_of_a_comparison_without_failures() -> None:
     data = {"sites": [], "reference": {}, "candidate": {}, "missing": [], "extra": [], "mismatched": [],
             "first_difference": None, "onset": None, "parity": {"ok": True, "allowed": [], "failures": []}}

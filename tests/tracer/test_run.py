@@ -245,3 +245,18 @@ def test_cache_len_without_a_static_mode_is_refused(capsys) -> None:
     assert "--cache-len" in capsys.readouterr().err
     with pytest.raises(ValueError, match="must hold the prompt and the new tokens"):
         RunConfig(candidate_mode="static", prompt_len=16, new_tokens=4, cache_len=10).validate()
+
+
+def test_memory_sink_moves_records_once_per_shared_tensor() -> None:
+    """A GPU run's reference kept in host memory: records move as they arrive, a tensor shared between
+    roles (a GLU's gate is the gate projection's output) moves once and stays shared."""
+    from ulptrace.record import MemorySink
+
+    shared = torch.randn(2, 3)
+    sink = MemorySink(device="meta")
+    sink.add(Record("glu", 0, "glu", 0, torch.randn(2, 3), {"gate": shared, "again": shared}))
+    record = sink.trace["glu", 0]
+    assert record.out.device.type == "meta" and record.inputs["gate"].device.type == "meta"
+    assert record.inputs["gate"] is record.inputs["again"]
+    with pytest.raises(ValueError, match="--reference-memory must be one of auto, device, host"):
+        RunConfig(reference_memory="gpu").validate()
