@@ -48,12 +48,28 @@ class Sink(Protocol):
 
 
 class MemorySink:
-    """Keeps every record (a ``Trace`` in memory)."""
+    """Keeps every record (a ``Trace`` in memory); with ``device`` (e.g. ``"cpu"``) records are moved
+    there as they arrive — a GPU run's reference kept in host memory instead of GPU memory."""
 
-    def __init__(self, metadata: dict[str, Any] | None = None) -> None:
+    def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None) -> None:
         self.trace = Trace(metadata)
+        self.device = None if device is None else torch.device(device)
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Called by the recorder on entry: the run's metadata becomes the trace's."""
+        self.trace.metadata = {**metadata, **self.trace.metadata}
 
     def add(self, record: Record) -> None:
+        if self.device is not None and record.out.device != self.device:
+            moved: dict[int, torch.Tensor] = {}  # tensors shared between a record's roles move once
+
+            def move(t: torch.Tensor) -> torch.Tensor:
+                if id(t) not in moved:
+                    moved[id(t)] = t.to(self.device)
+                return moved[id(t)]
+
+            record = Record(record.site, record.step, record.kind, record.layer, move(record.out),
+                            {role: move(t) for role, t in record.inputs.items()})
         self.trace.add(record)
 
 
@@ -105,12 +121,15 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
 
     Two paths of the same model must hold the same parameters; a kernel that caches a converted or
     stale copy shows up as a differing checksum (``Comparison.parameters``). Computed on the
-    parameters' device, one reduction each.
+    parameters' device, one reduction each. A tensor-parallel parameter (a DTensor) is fingerprinted
+    whole, so it compares with the unsharded model's: gathering it is a collective, so every rank of the
+    model's process group must call this (``ulptrace.tp`` checks each rank's shard on its own).
     """
     from ulptrace.ulp import bits
 
     out = {}
     for name, p in model.named_parameters(remove_duplicate=True):
+        p = p.full_tensor() if hasattr(p, "full_tensor") else p
         total = int(bits(p.detach()).to(torch.int64).sum()) if p.numel() else 0
         out[name] = f"{str(p.dtype).removeprefix('torch.')}:{'x'.join(map(str, p.shape))}:{total}"
     return out
