@@ -69,6 +69,23 @@ def tree_findings(judge: Any, ref: Any, cand: Any, trees: Sequence[Any], max_row
     return {"rows": entries, "summary": _common(entries)}
 
 
+def rounding_example(comparison: Any, ref_trace: Any, cand_trace: Any, judge: Any) -> dict[str, Any] | None:
+    """One judged norm record's differing elements against the rounding midpoints (``rounding`` in the JSON,
+    drawn by ``--plot``): the first record with a boundary or error, else the first whose inputs are bitwise
+    equal, else the first that differs; None without verdicts. See ``ulptrace.explain``."""
+    from ulptrace.elements import explain
+
+    judged = [d for d in comparison.sites if not d.bitwise_equal and d.verdicts] if judge is not None else []
+    pick = next((d for d in judged if d.own_error), None) or next((d for d in judged if d.inputs_equal), None) \
+        or next(iter(judged), None)
+    if pick is None:
+        return None
+    try:
+        return explain(ref_trace, cand_trace, judge, site=pick).midpoint_histogram()
+    except (NotImplementedError, ValueError, TypeError) as exc:  # the oracle could not replay it: say so
+        return {"site": pick.site, "step": pick.step, "elements": 0, "note": f"{type(exc).__name__}: {exc}"}
+
+
 _KIND_RANK = {"torch_cpu": 0, "sequential": 1, "pairwise": 2, "numpy": 3, "blocked": 4}
 
 
@@ -225,6 +242,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
                 continue
             findings = tree_findings(judge, ref_trace[diff.site, diff.step], cand_trace[diff.site, diff.step], trees)
             data["trees"].append({"site": diff.site, "step": diff.step, "findings": findings})
+        data["rounding"] = rounding_example(comparison, ref_trace, cand_trace, judge)
     data["conclusion"] = conclusion(data)
     return comparison, data
 

@@ -68,8 +68,17 @@ _EXPORTS: dict[str, str] = {
     "reduce_fp32": "trees",
     "matching_trees": "trees",
     "trees_by_row": "trees",
+    # one record, element by element
+    "explain": "elements",
+    "Explanation": "elements",
     # plots (matplotlib imported on first use)
     "plot_verdict_map": "plot",
+    "plot_ulp_histograms": "plot",
+    "plot_error_growth": "plot",
+    "plot_midpoint_distance": "plot",
+    "plot_tree_findings": "plot",
+    "plot_norm_rounding": "plot",
+    "plot_report": "plot",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from ulptrace.comparison import bitwise_equal
-from ulptrace.oracle.judge import VERDICTS
+from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import Site, decoder_layers, site_table
 from ulptrace.trace import Record
 
@@ -86,7 +86,8 @@ class OracleJudge:
         out: dict[str, Any] = {}
         same = bitwise_equal(reference.out, candidate.out)
         if same and not self.judge_reference:
-            return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}}
+            return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS},
+                    "verdict_histogram": empty_verdict_histogram()}
         try:
             program = self.program(site, reference.inputs)
             if self.judge_reference:
@@ -95,6 +96,7 @@ class OracleJudge:
                     out["admissible_width"] = program.width_ulps(reference.inputs)
             if same:
                 out["verdicts"] = {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS}
+                out["verdict_histogram"] = empty_verdict_histogram()
                 return out
             inputs = self._candidate_inputs(reference, candidate)
             if isinstance(inputs, str):
@@ -114,6 +116,8 @@ class OracleJudge:
             boundary=result.boundary,
             explained=None if result.explained is None else float(result.explained),
             max_error_ulp=result.max_error_ulp,
+            # ULPs from the reference per verdict, measured on the differing elements only
+            verdict_histogram=verdict_histogram(result.verdicts, candidate.out, reference.out),
         )
         if hasattr(program, "judge"):  # a construction with a bound of its own: say how sharp it is
             from ulptrace.ulp import ulp_distance

@@ -14,7 +14,7 @@ import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
-from ulptrace.ulp import FORMATS, round_to, same_bits, ulp_distance
+from ulptrace.ulp import FORMATS, HISTOGRAM_BUCKETS, round_to, same_bits, ulp_distance, ulp_histogram
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
@@ -23,6 +23,9 @@ EXACT, TIE, BOUNDARY, ERROR, NONFINITE = range(5)
 
 WORSE_THAN_TIE: tuple[str, ...] = VERDICTS[BOUNDARY:]
 """The verdicts that say a path introduced a difference of its own (``boundary``, ``error``, ``nonfinite``)."""
+
+DIFFERING_VERDICTS: tuple[str, ...] = VERDICTS[TIE:]
+"""The verdicts of elements that differ from the reference: the keys of :func:`verdict_histogram`."""
 
 
 @dataclass
@@ -245,3 +248,47 @@ def judge_sets(
         against_reference=reference_output is not None,
         site=site,
     )
+
+
+def empty_verdict_histogram() -> dict[str, dict[str, int]]:
+    """``{verdict: {bucket: 0}}`` for :data:`DIFFERING_VERDICTS` x ``HISTOGRAM_BUCKETS``: nothing differs."""
+    return {v: dict.fromkeys(HISTOGRAM_BUCKETS, 0) for v in DIFFERING_VERDICTS}
+
+
+def verdict_histogram(verdicts: torch.Tensor, output: torch.Tensor,
+                      reference_output: torch.Tensor) -> dict[str, dict[str, int]] | None:
+    """ULP histograms of the elements that differ from the reference, one per verdict.
+
+    For each verdict of :data:`DIFFERING_VERDICTS` (``tie``, ``boundary``, ``error``, ``nonfinite``), the
+    :data:`~ulptrace.ulp.HISTOGRAM_BUCKETS` histogram of the ULP distance between ``output`` and
+    ``reference_output`` over the elements with that verdict, counted in the reference's dtype (a wider
+    output is rounded to it first, as the comparison's own histogram does). Only the elements that are not
+    ``exact`` are measured, so an output bitwise equal to the reference costs one comparison of the codes.
+    A ``tie`` can sit in bucket ``"0"`` (``+0`` against ``-0``).
+
+    Args:
+        verdicts: uint8 verdict codes (:attr:`Judgement.verdicts`), ``output``'s shape.
+        output: the judged path's output.
+        reference_output: the reference path's output, same shape.
+
+    Returns:
+        ``{verdict: {bucket: count}}``; the counts of a verdict sum to its count in the judgement. None when the
+        shapes differ or the reference's dtype has no ULP arithmetic (nothing to measure in).
+    """
+    if verdicts.shape != output.shape or output.shape != reference_output.shape \
+            or reference_output.dtype not in FORMATS:
+        return None
+    out = empty_verdict_histogram()
+    differ = verdicts != EXACT
+    if not bool(differ.any()):
+        return out
+    device = verdicts.device
+    ref = reference_output.detach().to(device)[differ]
+    cand = output.detach().to(device)[differ].to(reference_output.dtype)
+    dist = ulp_distance(ref, cand)
+    codes = verdicts[differ]
+    for code in range(TIE, len(VERDICTS)):
+        hit = codes == code
+        if bool(hit.any()):
+            out[VERDICTS[code]] = ulp_histogram(dist.distance[hit], dist.nan[hit])
+    return out

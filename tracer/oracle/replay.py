@@ -35,16 +35,20 @@ class Mods:
         widen_narrow: ops whose narrow rounding happens at another point of the computation (flash
             kernels round the *unnormalised* probabilities): the result is widened by one narrow unit
             roundoff, relative, instead of being rounded onto the grid.
+        exact: ops whose result is not rounded at all (kept in float64): the value a rounding point
+            receives, computed exactly (``ulptrace.explain`` measures it against the rounding midpoints).
     """
 
     keep_fp32: frozenset[int] = frozenset()
     round_narrow: frozenset[int] = frozenset()
     attention: Mapping[int, frozenset[str]] = field(default_factory=dict)
     widen_narrow: frozenset[int] = frozenset()
+    exact: frozenset[int] = frozenset()
 
     def first_op(self) -> int | None:
         """The first op index the modification touches (replay can reuse everything before it)."""
-        touched = set(self.keep_fp32) | set(self.round_narrow) | set(self.attention) | set(self.widen_narrow)
+        touched = (set(self.keep_fp32) | set(self.round_narrow) | set(self.attention) | set(self.widen_narrow)
+                   | set(self.exact))
         return min(touched) if touched else None
 
 
@@ -132,7 +136,7 @@ def replay(
 
 def _round(program: Program, op_index: int, value_index: int, iv: Iv, mods: Mods) -> Iv:
     dtype = program.values[value_index].dtype
-    if not dtype.is_floating_point:
+    if not dtype.is_floating_point or op_index in mods.exact:
         return iv
     if op_index in mods.widen_narrow and dtype in I.NARROW_DTYPES:
         return I.round_iv(I.widen_rel(iv, I.unit_roundoff(dtype)), torch.float32)
