@@ -179,7 +179,14 @@ def cmd_onset(args: argparse.Namespace) -> int:
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
                   max_ulp=args.max_ulp, reference_memory=args.reference_memory)
-    comparison, info = run_onset(cfg, progress=_progress)
+    if args.tp is not None:  # one process per rank under torchrun; rank 0 reports
+        from ulptrace.probes.tp_onset import run_onset_tp
+
+        comparison, info = run_onset_tp(cfg, args.tp, progress=_progress)
+        if comparison is None:
+            return 0
+    else:
+        comparison, info = run_onset(cfg, progress=_progress)
     data = comparison.to_json(allow=parity_allow(args))
     data["run"] = info
     flip = info["first_token_flip"]
@@ -229,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
                         "(CPU memory), auto (host on a GPU, else device)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="the candidate is the model sharded over N processes with transformers' tensor-parallel "
+                        "plan, judged against it unsharded; launch with `torchrun --nproc_per_node N -m ulptrace "
+                        "onset --tp N ...` (needs `accelerate`: pip install 'ulptrace[tp]')")
     add_report_options(p)
     p.set_defaults(fn=cmd_onset)
 

@@ -41,15 +41,20 @@ class OracleJudge:
         judge_reference: also check that the reference output lies inside its own semantics
             (``reference_outside`` in the result counts the elements that do not).
         hypotheses: search boundary hypotheses for out-of-set elements.
+        shards: ``{parameter name: ulptrace.oracle.sharding.ShardedReduction}`` of ``reference_model``'s
+            parameters that the judged run holds split into shards (tensor parallelism, ``ulptrace.tp``), so
+            matmuls contracting over a split dim get the ``sharded`` hypothesis.
     """
 
-    def __init__(self, reference_model: Any, *, judge_reference: bool = False, hypotheses: bool = True) -> None:
+    def __init__(self, reference_model: Any, *, judge_reference: bool = False, hypotheses: bool = True,
+                 shards: dict[str, Any] | None = None) -> None:
         self.model = reference_model
         self.sites: dict[str, Site] = {s.name: s for s in site_table(reference_model, warn=False)}
         # built now, before any candidate path is applied: see ulptrace.sites on binding formulas
         self._formulas = {name: s.formula(reference_model) for name, s in self.sites.items() if s.formula}
         self.judge_reference = judge_reference
         self.hypotheses = hypotheses
+        self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)
         self._programs: dict[tuple, Any] = {}
         param = next(reference_model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")
@@ -104,7 +109,8 @@ class OracleJudge:
                 return out
             from ulptrace.oracle import judge
 
-            judge_fn = program.judge if hasattr(program, "judge") else lambda *a, **k: judge(program, *a, **k)
+            judge_fn = program.judge if hasattr(program, "judge") else \
+                lambda *a, **k: judge(program, *a, shards=self._shards(site), **k)
             result = judge_fn(inputs, candidate.out, reference.out, hypotheses=self.hypotheses)
         except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
             # an outcome of its own, never "no semantics": parity fails on it unless explicitly allowed
@@ -124,6 +130,13 @@ class OracleJudge:
 
             out["admissible_width"] = float(ulp_distance(result.lo, result.hi).distance.double().median())
         return out
+
+    def _shards(self, site: Site) -> tuple[Any, ...]:
+        """The judged run's sharded parameters, named as the site's program names its constants."""
+        from ulptrace.oracle.sharding import in_scope
+
+        scope = decoder_layers(self.model)[site.layer] if site.layer is not None else self.model
+        return in_scope(self.shards, self.model, scope)
 
     @staticmethod
     def _candidate_inputs(reference: Record, candidate: Record) -> dict[str, torch.Tensor] | str:

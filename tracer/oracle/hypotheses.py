@@ -15,7 +15,11 @@ is a :class:`~ulptrace.oracle.replay.Mods` plus a sentence naming the op, its in
 - fused attention (for decomposed attention with a softmax): scores kept in FP32, probabilities rounded as
   the reference does or unnormalised as flash kernels do;
 - ``unrounded``: the output's own narrow rounding missing (listed last among single points): only a candidate stored
-  wider than the reference (an FP32 site where HF emits BF16) can fall there.
+  wider than the reference (an FP32 site where HF emits BF16) can fall there;
+- ``sharded`` (only when the caller says which parameters are sharded, see :mod:`ulptrace.oracle.sharding`): a
+  matmul whose reduction runs over a parameter split into shards, computed as per-shard partial results
+  rounded to the result dtype and summed by an all-reduce — what a row-parallel linear layer does under
+  tensor parallelism. Listed first: when the run is sharded, that structure is known, not guessed.
 
 They are listed simplest first (single points in op order, then multi-point attention stages, then
 ``fused``), which is the order ties are broken in when naming the best explanation.
@@ -23,12 +27,14 @@ They are listed simplest first (single points in op order, then multi-point atte
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.program import Program, dtype_word
 from ulptrace.oracle.replay import Mods
+from ulptrace.oracle.sharding import ShardedReduction, describe, split_ops
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class Hypothesis:
 
     Attributes:
         kind: ``"missing"``, ``"added"``, ``"attention"``, ``"unrounded"`` (the output's own rounding
-            skipped) or ``"fused"``.
+            skipped), ``"fused"`` or ``"sharded"``.
         description: the sentence shown to the user.
         op: the op index it is about (None for ``fused``).
         mods: what the replay changes.
@@ -74,11 +80,14 @@ def _attention_hypotheses(program: Program, op_index: int) -> list[Hypothesis]:
     return [Hypothesis("attention", text, op_index, Mods(attention={op_index: stages})) for stages, text in options]
 
 
-def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
+def enumerate_hypotheses(program: Program, shards: Iterable[ShardedReduction] = ()) -> list[Hypothesis]:
     """Every hypothesis for a program, simplest first (see the module docstring).
 
     Args:
         program: from :func:`~ulptrace.oracle.program.capture_semantics`.
+        shards: parameters (program constants) split into shards by the judged run, e.g. a row-parallel
+            weight under tensor parallelism: each matmul contracting over a split dim gets a ``sharded``
+            hypothesis.
 
     Returns:
         the list; empty when the program has no rounding decision to change.
@@ -110,7 +119,9 @@ def enumerate_hypotheses(program: Program) -> list[Hypothesis]:
     final = [Hypothesis("unrounded", f"the final {dtype_word(program.result_dtype(i))} rounding of "
                         f"`{program.op_label(i)}` (op {i}) is missing: the result is kept in FP32", i,
                         Mods(keep_fp32=frozenset({i}))) for i in unrounded]
-    hypotheses = missing + added + attention + final
+    sharded = [Hypothesis("sharded", describe(program, i, spec, terms), i, Mods(split={i: spec.sizes}))
+               for i, (spec, terms) in sorted(split_ops(program, shards).items())]
+    hypotheses = sharded + missing + added + attention + final
     every = frozenset(h.op for h in missing if h.op is not None)
     if len(missing) >= 2:
         hypotheses.append(Hypothesis("fused", "all intermediates fused into one final rounding", None,

@@ -7,13 +7,14 @@ hypothesis of :mod:`ulptrace.oracle.hypotheses` on the elements that fall outsid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
+from ulptrace.oracle.sharding import ShardedReduction
 from ulptrace.ulp import FORMATS, HISTOGRAM_BUCKETS, round_to, same_bits, ulp_distance, ulp_histogram
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
@@ -134,6 +135,7 @@ def judge(
     reference_output: torch.Tensor | None = None,
     *,
     hypotheses: bool = True,
+    shards: Iterable[ShardedReduction] = (),
 ) -> Judgement:
     """Verdict per element of one path's ``output`` of a site.
 
@@ -153,6 +155,8 @@ def judge(
         output: the path's output, the captured output shape, any floating dtype (compared by value).
         reference_output: the reference path's output, same shape; optional.
         hypotheses: try the hypotheses on out-of-set elements (else they are all ``error``).
+        shards: parameters the judged run holds split into shards (tensor parallelism), for the ``sharded``
+            hypotheses (:mod:`ulptrace.oracle.sharding`).
 
     Returns:
         a :class:`Judgement`.
@@ -168,7 +172,7 @@ def judge(
     iv = output_interval(program, base)
     options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
     if hypotheses:
-        for h in enumerate_hypotheses(program):
+        for h in enumerate_hypotheses(program, shards):
             def interval(h=h) -> tuple[torch.Tensor, torch.Tensor]:
                 h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
                 return h_iv.lo, h_iv.hi

@@ -20,6 +20,7 @@ from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 from ulptrace.oracle.program import Program, ValueRef
 from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, rule_for
+from ulptrace.oracle.sharding import split_matmul
 
 Reducer = Callable[[torch.Tensor, int], torch.Tensor]
 
@@ -37,6 +38,9 @@ class Mods:
             roundoff, relative, instead of being rounded onto the grid.
         exact: ops whose result is not rounded at all (kept in float64): the value a rounding point
             receives, computed exactly (``ulptrace.explain`` measures it against the rounding midpoints).
+        split: ``{op index: shard lengths}`` matmul ops computed as a sharded reduction (tensor
+            parallelism): partial products over contiguous slices of the reduction, each rounded to the
+            result dtype, then summed as an all-reduce does (see :mod:`ulptrace.oracle.sharding`).
     """
 
     keep_fp32: frozenset[int] = frozenset()
@@ -44,11 +48,12 @@ class Mods:
     attention: Mapping[int, frozenset[str]] = field(default_factory=dict)
     widen_narrow: frozenset[int] = frozenset()
     exact: frozenset[int] = frozenset()
+    split: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def first_op(self) -> int | None:
         """The first op index the modification touches (replay can reuse everything before it)."""
         touched = (set(self.keep_fp32) | set(self.round_narrow) | set(self.attention) | set(self.widen_narrow)
-                   | set(self.exact))
+                   | set(self.exact) | set(self.split))
         return min(touched) if touched else None
 
 
@@ -122,7 +127,7 @@ def replay(
         compute = I.F64 if out_dtype == I.F64 else torch.float32
         call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs,
                     frozenset(mods.attention.get(op.index, ())), where)
-        result = rule.handler(call)
+        result = split_matmul(call, mods.split[op.index]) if op.index in mods.split else rule.handler(call)
         results = result if isinstance(result, tuple) else (result,)
         for k, out_index in enumerate(op.outputs):
             if out_index is None:
