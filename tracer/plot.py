@@ -497,3 +497,149 @@ def save_report(data: dict[str, Any], path: str, *, dpi: int = 110) -> Any:
     finally:
         plt.close(fig)
     return path
+
+
+# -- generation diagnostics: the token-parity matrix and lockstep (issue 12) -------------------------------------
+
+def _row_color(row: dict[str, Any]) -> str:
+    """A divergent row's colour: the verdict where it began (onset, else first difference); grey when not located."""
+    point = row.get("onset") or row.get("first_difference")
+    if not point:
+        return VERDICT_COLORS["unjudged"]
+    verdict = point.get("verdict")
+    if verdict in VERDICT_COLORS and verdict != "exact":
+        return VERDICT_COLORS[verdict]
+    return VERDICT_COLORS["unjudged"] if not verdict else VERDICT_COLORS["tie"]
+
+
+def plot_matrix(report: dict[str, Any], ax: Any = None, *, title: str | None = None) -> Any:
+    """The token-parity matrix: every row of every check at its first divergent step; returns the Figure.
+
+    Checks run along x, grouped by candidate path then mode (seed, batch, attempt within), the rows of a check
+    side by side; y is the first divergent step (0 = the prefill's token), token-exact rows sit on the top
+    line. Near-tie flips are hollow circles, the others filled crosses, coloured by the verdict where the
+    row's divergence began (its onset, else its first difference).
+
+    Args:
+        report: a matrix report (``ulptrace matrix --json`` contents) or a batch-invariance report (same rows).
+        ax: a matplotlib Axes to draw into (default: a new figure).
+    Raises:
+        ValueError: the report has no rows.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    rows = report.get("rows") or []
+    if not rows:
+        raise ValueError("the report has no rows to plot (expected a matrix report with 'rows')")
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    key = lambda r: (paths.index(r["path"]), modes.index(r["mode"]), r["seed"], r["batch"], r["attempt"])
+    checks = sorted({key(r) for r in rows})
+    index = {c: i for i, c in enumerate(checks)}
+    new_tokens = (report.get("grid") or {}).get("new_tokens") or report.get("new_tokens") or \
+        1 + max((r["first_divergent_step"] or 0) for r in rows)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(min(18.0, 4.0 + 0.22 * len(checks)), 4.2))
+    else:
+        fig = ax.figure
+    for r in rows:
+        c = key(r)
+        width = 0.8 / max(r["batch"], 1)
+        x = index[c] - 0.4 + width * (r.get("row_in_batch", r["row"]) + 0.5)
+        if r["token_exact"]:
+            ax.plot([x], [new_tokens], marker=".", color="#bdbdbd", markersize=3, linestyle="none")
+        elif r.get("near_tie"):
+            ax.plot([x], [r["first_divergent_step"]], marker="o", markerfacecolor="none", markeredgecolor=_row_color(r),
+                    markersize=6, linestyle="none")
+        else:
+            ax.plot([x], [r["first_divergent_step"]], marker="X", color=_row_color(r), markersize=7, linestyle="none")
+    # path and mode groups
+    for p, path in enumerate(paths):
+        members = [i for c, i in index.items() if c[0] == p]
+        if not members:
+            continue
+        lo, hi = min(members) - 0.5, max(members) + 0.5
+        if p:
+            ax.axvline(lo, color="black", linewidth=0.8)
+        ax.text((lo + hi) / 2, new_tokens + 0.9, path, ha="center", va="bottom", fontsize=7)
+        for m, mode in enumerate(modes):
+            inner = [i for c, i in index.items() if c[0] == p and c[1] == m]
+            if inner:
+                ax.text((min(inner) + max(inner)) / 2, -0.9, mode, ha="center", va="top", fontsize=6)
+                if m and min(inner) - 0.5 > lo:
+                    ax.axvline(min(inner) - 0.5, color="#bdbdbd", linewidth=0.5, linestyle=":")
+    ax.set_xlim(-0.6, len(checks) - 0.4)
+    ax.set_ylim(-1.5, new_tokens + 1.6)
+    ax.set_yticks(list(range(new_tokens)) + [new_tokens],
+                  ["prefill"] + [str(t) for t in range(1, new_tokens)] + ["exact"], fontsize=6)
+    ax.set_xticks([])
+    ax.set_xlabel("checks (path, mode; seed, batch, attempt within), the rows of each side by side", fontsize=7)
+    ax.set_ylabel("first divergent step", fontsize=7)
+    handles = [Line2D([], [], marker="o", markerfacecolor="none", markeredgecolor="black", linestyle="none",
+                      label="near-tie flip"),
+               Line2D([], [], marker="X", color="black", linestyle="none", label="not a near-tie"),
+               Line2D([], [], marker=".", color="#bdbdbd", linestyle="none", label="token-exact row")]
+    handles += [Line2D([], [], marker="s", color=VERDICT_COLORS[v], linestyle="none", label=f"began: {v}")
+                for v in ("tie", "boundary", "error", "nonfinite")]
+    handles.append(Line2D([], [], marker="s", color=VERDICT_COLORS["unjudged"], linestyle="none",
+                          label="began: no verdict / not located"))
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ref = report.get("reference") or {}
+    ax.set_title(title or (f"token parity against {ref.get('path', report.get('path', '?'))} "
+                           f"({ref.get('mode', report.get('mode', '?'))}) on {report.get('model', '?')}"), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_lockstep(report: dict[str, Any], ax: Any = None, *, title: str | None = None) -> Any:
+    """A lockstep report per step: the logits' and the worst state tensor's max ULP (0 where bitwise equal), and
+    the steps with an onset marked; returns the Figure.
+
+    Args:
+        report: a lockstep report (``ulptrace lockstep --json`` contents).
+        ax: a matplotlib Axes to draw into (default: a new figure).
+    Raises:
+        ValueError: the report has no steps.
+    """
+    import matplotlib.pyplot as plt
+
+    entries = ([report["prefill"]] if report.get("prefill") else []) + list(report.get("steps") or [])
+    if not entries:
+        raise ValueError("the report has no steps to plot (expected a lockstep report with 'prefill' and 'steps')")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    else:
+        fig = ax.figure
+    steps = [e["step"] for e in entries]
+
+    def worst_state(e: dict[str, Any]) -> float:
+        values = [v for k, v in e["max_ulp"].items() if k != "logits" and v is not None]
+        return float(max(values, default=0))
+
+    logits = [float(e["max_ulp"].get("logits") or 0) for e in entries]
+    states = [worst_state(e) for e in entries]
+    ax.plot(steps, logits, marker="o", label="logits: max ulp")
+    ax.plot(steps, states, marker="s", label="state tensors: worst max ulp")
+    onsets = [e for e in entries if e.get("onset")]
+    if onsets:
+        ax.scatter([e["step"] for e in onsets], [max(logits[steps.index(e["step"])], 0.5) for e in onsets], s=140,
+                   facecolors="none", edgecolors=VERDICT_COLORS["error"], linewidths=1.5, zorder=3,
+                   label="step with an onset")
+        for e in onsets[:6]:
+            ax.annotate(e["onset"]["site"], (e["step"], max(logits[steps.index(e["step"])], 0.5)), fontsize=6,
+                        xytext=(4, 6), textcoords="offset points")
+    bitwise = [e["step"] for e in entries if e["logits_bitwise_equal"] and e["states_bitwise_equal"]]
+    if bitwise:
+        ax.scatter(bitwise, [0] * len(bitwise), marker="|", s=200, color="black", label="bitwise identical step")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xticks(steps, ["prefill" if s == 0 else str(s) for s in steps], fontsize=7)
+    ax.set_xlabel("step", fontsize=7)
+    ax.set_ylabel("max ULP difference", fontsize=7)
+    ax.legend(fontsize=6, loc="upper left")
+    ref, cand = report.get("reference") or {}, report.get("candidate") or {}
+    how = "restored before every step" if report.get("restored", True) else "free-running"
+    ax.set_title(title or (f"lockstep: {cand.get('path', '?')} ({cand.get('mode', '?')}) vs {ref.get('path', '?')} "
+                           f"({ref.get('mode', '?')}), {how}"), fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -20,7 +20,10 @@ needs the same things, so they live here once, in the core, and probes build on 
 - ``snapshot`` / ``restore``: the complete decoding state — every tensor and flag of the cache
   (KV caches static or dynamic, GatedDeltaNet conv and recurrent states, lengths) plus the
   position and the next tokens. Restoring writes into the existing tensors where shapes agree, so a
-  captured graph keeps reading the right memory; round trips are bitwise.
+  captured graph keeps reading the right memory; round trips are bitwise. A state moves between the
+  dynamic and static layouts (``adapt_state``), and one row can be put into a batch (``splice_row``).
+- ``step_from``: one decode step traced from a restored state (how a divergence is re-run from the
+  reference's state); ``batch_row`` / ``record_row`` / ``RowSink``: records restricted to one batch row.
 
 Only this module knows the transformers-version differences of the cache API (``cache`` vs
 ``past_key_values``).
@@ -276,6 +279,93 @@ def restore_cache(cache: Any, saved: list[dict[str, Any]]) -> None:
             setattr(obj, name, _write(getattr(obj, name, None), value))
 
 
+_STATIC_ONLY = ("max_cache_len", "cumulative_length", "batch_size", "num_heads", "k_head_dim", "v_head_dim")
+
+
+def _is_static(attrs: dict[str, Any]) -> bool:
+    return "max_cache_len" in attrs
+
+
+def adapt_state(state: DecodeState, like: list[dict[str, Any]]) -> DecodeState:
+    """``state`` in the cache layout of ``like`` (``DecodeState.cache`` of a session of the same model
+    shape, or the live attributes of its cache objects): the same values, moved between transformers'
+    dynamic and static KV layers where the two differ.
+
+    Dynamic to static: the ``position`` cached keys/values fill the first positions of zero tensors shaped
+    like ``like``'s (a static run leaves unused positions zero), ``cumulative_length`` becomes ``position``.
+    Static to dynamic: the first ``position`` keys/values. Layers of the same kind (GatedDeltaNet states,
+    two dynamic or two static layers) are taken as they are. Returns ``state`` itself when nothing differs.
+    """
+    if len(like) != len(state.cache):
+        raise ValueError(f"cannot restore a state of {len(state.cache) - 1} cache layers into a cache of "
+                         f"{len(like) - 1} layers")
+    if all(_is_static(a) == _is_static(b) for a, b in zip(state.cache, like)):
+        return state
+    length = state.position
+    converted = []
+    for attrs, target in zip(state.cache, like):
+        if _is_static(attrs) == _is_static(target) or not isinstance(attrs.get("keys"), torch.Tensor):
+            converted.append(attrs)
+            continue
+        out = {k: v for k, v in attrs.items() if k not in ("keys", "values") + _STATIC_ONLY}
+        for name in ("keys", "values"):
+            saved = attrs[name]
+            if _is_static(target):
+                shaped = target[name]
+                if shaped.shape[:2] != saved.shape[:2] or shaped.shape[-1] != saved.shape[-1] or shaped.shape[-2] < length:
+                    raise ValueError(f"cannot write cached {name} {list(saved.shape)} ({length} positions) into a "
+                                     f"static cache of {list(shaped.shape)}")
+                full = torch.zeros(shaped.shape, dtype=saved.dtype, device=shaped.device)
+                full[..., :length, :] = saved[..., :length, :]
+                out[name] = full
+            else:
+                out[name] = saved[..., :length, :].clone()
+        if _is_static(target):
+            for key in _STATIC_ONLY:
+                value = target.get(key)
+                if key == "cumulative_length":
+                    device = value.device if isinstance(value, torch.Tensor) else out[name].device
+                    out[key] = torch.tensor(length, dtype=torch.int64, device=device)
+                elif key in target:
+                    out[key] = _clone(value)
+        converted.append(out)
+    return DecodeState(converted, state.position, state.tokens)
+
+
+def splice_row(state: DecodeState, row: int, source: DecodeState, source_row: int = 0) -> DecodeState:
+    """A copy of ``state`` whose batch row ``row`` holds batch row ``source_row`` of ``source``.
+
+    Both states must have the same layout and position (e.g. one prompt decoded alone and a batch holding
+    it, at the same step); every state tensor with at least one dimension is batch-first (KV caches,
+    GatedDeltaNet conv and recurrent states, the next tokens). This is how a row of a batched run is put
+    back on the path of the same prompt run alone, so one step can be re-run from the same state.
+    """
+    if state.position != source.position:
+        raise ValueError(f"cannot splice a row at position {source.position} into a state at position {state.position}")
+    if len(state.cache) != len(source.cache):
+        raise ValueError(f"cannot splice between states of {len(source.cache) - 1} and {len(state.cache) - 1} cache layers")
+
+    def put(target: Any, value: Any, name: str) -> Any:
+        if isinstance(target, torch.Tensor):
+            if not isinstance(value, torch.Tensor) or target.dim() != value.dim() or target.shape[1:] != value.shape[1:]:
+                raise ValueError(f"cannot splice state tensor {name}: {list(getattr(value, 'shape', []))} into "
+                                 f"{list(target.shape)} (expected the same layout)")
+            if target.dim() == 0:
+                return target.clone()
+            out = target.clone()
+            out[row] = value[source_row]
+            return out
+        if isinstance(target, dict):
+            return {k: put(v, value.get(k) if isinstance(value, dict) else None, f"{name}.{k}") for k, v in target.items()}
+        return _clone(target)
+
+    cache = [{k: put(v, attrs.get(k), k) for k, v in mine.items()} for mine, attrs in zip(state.cache, source.cache)]
+    tokens = state.tokens
+    if tokens is not None and source.tokens is not None:
+        tokens = put(tokens, source.tokens, "tokens")
+    return DecodeState(cache, state.position, tokens)
+
+
 # -- sessions ------------------------------------------------------------------------------------
 
 def _recorders(model: Any) -> list[Any]:
@@ -308,6 +398,7 @@ class Session:
         self.cache: Any = None
         self.position = 0
         self.tokens: torch.Tensor | None = None
+        self.prompt_len: int | None = None  # set by prefill(): decode step t feeds position prompt_len + t - 1
         self._graph: Any = None
         self._static_in: tuple[torch.Tensor, torch.Tensor] | None = None
         self._static_logits: torch.Tensor | None = None
@@ -337,7 +428,7 @@ class Session:
         else:
             out = self._forward(ids, None)
             self.cache = _output_cache(out)
-        self.position = ids.shape[1]
+        self.position = self.prompt_len = ids.shape[1]
         return out.logits[:, -1]
 
     @torch.no_grad()
@@ -409,9 +500,15 @@ class Session:
         return DecodeState(snapshot_cache(self.cache), self.position, tokens)
 
     def restore(self, state: DecodeState) -> None:
-        """Reinstate ``state`` (bitwise; in place where tensors keep their layout)."""
+        """Reinstate ``state`` (bitwise; in place where tensors keep their layout).
+
+        ``state`` may come from a session of the same model shape in another mode: a dynamic cache's
+        keys/values are written into this static cache's first positions (the rest zero, as a static run
+        leaves them), or a static cache's live positions become this dynamic cache (``adapt_state``).
+        """
         if self.cache is None:
             raise RuntimeError("restore() needs a session that has run its prefill (the cache must exist)")
+        state = adapt_state(state, [vars(obj) for obj in _objects(self.cache)])
         restore_cache(self.cache, state.cache)
         self.position = state.position
         self.tokens = None if state.tokens is None else state.tokens.clone()
@@ -430,6 +527,34 @@ class _paused:
     def __exit__(self, *exc: object) -> None:
         for r in self.recorders:
             r.resume()
+
+
+@torch.no_grad()
+def step_from(model: Any, mode: str, prompts: torch.Tensor, state: DecodeState, tokens: torch.Tensor, *,
+              cache_len: int | None = None, recorders: Sequence[Any] = ()) -> torch.Tensor:
+    """Run one decode step of ``model`` in ``mode`` from a restored decoding ``state``, feeding ``tokens``.
+
+    A fresh ``Session`` runs the prefill of ``prompts`` untraced (it only builds the cache), ``state`` is
+    restored into it (from a session of either cache layout, see ``Session.restore``), then ``recorders``
+    (``Recorder`` objects on ``model``, not yet entered) are entered and the step runs, its records numbered as
+    the decode step it is (``state.position - prompt length + 1``), so they align with a whole run's. In
+    ``graph`` mode the step is captured with the recorders active and replayed, as a traced graph run is.
+    Returns the step's logits ``[batch, vocab]``.
+    """
+    from contextlib import ExitStack
+
+    step = state.position - prompts.shape[1] + 1
+    if step < 1:
+        raise ValueError(f"a state at position {state.position} precedes no decode step of a {prompts.shape[1]}-token "
+                         "prompt (the prefill is step 0: run it with greedy(..., 1))")
+    session = Session(model, mode, max_len=cache_len or state.position + 1)
+    session.prefill(prompts)
+    session.restore(state)
+    with ExitStack() as stack:
+        for recorder in recorders:
+            stack.enter_context(recorder)
+            recorder.step = step - 1  # the next root forward (or replay) is this decode step
+        return session.step(tokens)
 
 
 @torch.no_grad()
@@ -591,3 +716,61 @@ def check_observation(model: Any, prompts: torch.Tensor, new_tokens: int, tokens
         "differing_steps": differing,
         "what": f"final-position logits of a traced vs an untraced run ({mode} mode), every step",
     }
+
+
+# -- batch rows ----------------------------------------------------------------------------------
+
+def batch_row(tensor: torch.Tensor, row: int, batch: int) -> torch.Tensor:
+    """Batch row ``row`` of a tensor recorded in a run of ``batch`` rows, keeping the batch dimension (a copy
+    where it is a part of the tensor).
+
+    Records are batch-first: ``[batch, ...]`` gives ``[1, ...]``; a leading dimension of 1 is shared by
+    every row (rotary tables, a broadcast mask) and is kept; a leading dimension of ``batch * k`` is a
+    batch-major flattening (HF's GatedDeltaNet norm sees ``[batch * tokens * heads, dim]``) and gives the
+    row's ``k``. Raises ``ValueError`` for a leading dimension that is none of these.
+    """
+    if not 0 <= row < batch:
+        raise ValueError(f"row {row} is outside a batch of {batch} rows")
+    if batch == 1 or tensor.dim() == 0 or tensor.shape[0] == 1:
+        return tensor
+    first = tensor.shape[0]
+    if first % batch:
+        raise ValueError(f"cannot take batch row {row} of a tensor of shape {list(tensor.shape)}: expected a leading "
+                         f"dimension of {batch} (the batch), 1 (shared) or a multiple of {batch} (batch-major)")
+    size = first // batch
+    return tensor[row * size:(row + 1) * size].clone()
+
+
+def record_row(record: Any, row: int, batch: int) -> Any:
+    """``record`` (``ulptrace.trace.Record``) restricted to batch row ``row``: its output and inputs (``batch_row``)."""
+    from ulptrace.trace import Record
+
+    return Record(record.site, record.step, record.kind, record.layer, batch_row(record.out, row, batch),
+                  {k: batch_row(v, row, batch) for k, v in record.inputs.items()})
+
+
+class RowSink:
+    """A recorder sink that hands each record, restricted to one batch row, to that row's sink.
+
+    ``RowSink(batch, {row: sink, ...})``: e.g. a ``MemorySink`` per row of the reference and a
+    ``StreamingComparator`` per row of the candidate, so a batched run is compared row by row and only the
+    rows asked for are kept. Inner sinks receive the recorder's metadata with ``row`` and ``batch`` added.
+    """
+
+    def __init__(self, batch: int, sinks: dict[int, Any]) -> None:
+        for row in sinks:
+            if not 0 <= row < batch:
+                raise ValueError(f"row {row} is outside a batch of {batch} rows")
+        self.batch, self.sinks = batch, dict(sinks)
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        for row, sink in self.sinks.items():
+            meta = {**metadata, "row": row, "batch": self.batch}
+            if hasattr(sink, "set_metadata"):
+                sink.set_metadata(meta)
+            elif hasattr(sink, "trace"):  # a MemorySink keeps its trace's metadata
+                sink.trace.metadata.update(meta)
+
+    def add(self, record: Any) -> None:
+        for row, sink in self.sinks.items():
+            sink.add(record_row(record, row, self.batch))

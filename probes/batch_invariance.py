@@ -1,0 +1,192 @@
+"""Batch invariance: does a prompt get the same greedy tokens alone as inside a batch of ``b``?
+
+One path in one mode. Every prompt is generated alone (batch 1, the reference of its row), then the prompts
+are generated in consecutive batches of each size ``b`` (prompts ``0..b-1``, ``b..2b-1``, ...). A row is
+token-exact when its tokens equal the same prompt's alone. A divergent row gets the matrix's treatment
+(``ulptrace.probes.divergence``): its first divergent step, near-tie or not, and where it began — the batch
+restored to the alone runs' states just before that step (each row its own prompt's, ``splice_row``), the
+step re-run traced on both, and the onset of that row (its records sliced out of the batch). Divergence
+caused by the batch shape typically begins at a reduction whose order changed with it (a matmul or a
+norm), judged a tie when the order is an honest one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from ulptrace.models import build_model
+from ulptrace.paths import apply_path
+from ulptrace.probes.divergence import (
+    NEAR_TIE_RULE,
+    ROW_HEAD,
+    Side,
+    check_values,
+    first_divergent_steps,
+    generate,
+    locate,
+    near_tie,
+    row_cells,
+)
+from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, splice_row, torch_dtype
+
+SCHEMA = "ulptrace.batch_invariance"
+
+
+@dataclass
+class BatchInvarianceConfig:
+    """``run``: the common options; its ``reference`` is the path and ``reference_mode`` the mode, ``prompts``
+    the number of prompts (None: the largest batch size)."""
+
+    run: RunConfig
+    batches: Sequence[int] = (1, 2, 4, 8)
+    locate: bool = True
+
+    @property
+    def prompts(self) -> int:
+        return self.run.prompts if self.run.prompts is not None else max(self.batches)
+
+    def validate(self) -> None:
+        check_values("--batches", self.batches, minimum=1)
+        check_mode(self.run.reference_mode, self.run.device, what="mode")
+        prompts = self.prompts
+        if prompts < 1:
+            raise ValueError(f"--prompts must be >= 1, but got {prompts}")
+        large = [b for b in self.batches if b > prompts]
+        if large:
+            raise ValueError(f"--batches {' '.join(map(str, large))}: a batch cannot hold more rows than there are "
+                             f"prompts (--prompts {prompts}); expected batch sizes <= {prompts}")
+        ragged = [b for b in self.batches if prompts % b]
+        if ragged:
+            raise ValueError(f"--prompts {prompts} is not a multiple of batch size(s) {' '.join(map(str, ragged))}: "
+                             "expected every prompt in a full batch of each size")
+        RunConfig(**{**vars(self.run), "prompts": prompts, "candidate": self.run.reference,
+                     "candidate_mode": self.run.reference_mode, "extra": dict(self.run.extra)}).validate()
+
+
+def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Generate every prompt alone and in batches; returns the report (``summary``, ``rows``)."""
+    say = progress or (lambda msg: None)
+    cfg.validate()
+    run = cfg.run
+    started = time.perf_counter()
+    count = cfg.prompts
+    cache_len = None if run.reference_mode == "eager" else run.cache_len or run.prompt_len + run.new_tokens
+    model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed)
+    prompts = make_prompts(model.config.vocab_size, count, run.prompt_len, run.seed, run.device)
+    sites = selected_sites(model, run)
+    meta = {"selection": {"sites": list(run.sites) if run.sites else None,
+                          "kinds": list(run.kinds) if run.kinds else None, "layers": run.layers, "steps": None}}
+    rows: list[dict[str, Any]] = []
+    summary = []
+    with apply_path(model, run.reference):
+        judge = None
+        if run.oracle and cfg.locate:
+            from ulptrace.verdicts import OracleJudge
+
+            judge = OracleJudge(model)
+        say(f"{count} prompt(s) alone ({run.reference}, {run.reference_mode})")
+        alone = [Side(model, run.reference, run.reference_mode, prompts[i:i + 1],
+                      generate(model, prompts[i:i + 1], run.new_tokens, mode=run.reference_mode, cache_len=cache_len,
+                               keep_states=cfg.locate), cache_len)
+                 for i in range(count)]
+        for batch in cfg.batches:
+            if batch == 1:
+                summary.append({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"})
+                continue
+            exact = 0
+            for first in range(0, count, batch):
+                members = list(range(first, first + batch))
+                gen = generate(model, prompts[first:first + batch], run.new_tokens, mode=run.reference_mode,
+                               cache_len=cache_len, keep_states=cfg.locate)
+                side = Side(model, run.reference, run.reference_mode, prompts[first:first + batch], gen, cache_len)
+                found = batch_rows(alone, members, side, judge=judge, locate_rows=cfg.locate, max_ulp=run.max_ulp,
+                                   sites=sites, metadata=meta, seed=run.seed)
+                exact += sum(r["token_exact"] for r in found)
+                rows += found
+            summary.append({"batch": batch, "exact": exact, "rows": count})
+            say(f"  batch {batch}: {exact} of {count} rows token-exact")
+    return {
+        "schema": SCHEMA,
+        "version": 1,
+        "model": run.model,
+        "path": run.reference,
+        "mode": run.reference_mode,
+        "seed": run.seed,
+        "prompts": [count, run.prompt_len],
+        "new_tokens": run.new_tokens,
+        "batches": list(cfg.batches),
+        "device": run.device,
+        "dtype": run.dtype,
+        "near_tie_rule": NEAR_TIE_RULE,
+        "located": cfg.locate,
+        "summary": summary,
+        "rows": rows,
+        "timing": {"seconds": time.perf_counter() - started},
+    }
+
+
+def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: Any = None, locate_rows: bool = True,
+               max_ulp: int = 0, sites: Sequence[Any] | None = None, metadata: dict[str, Any] | None = None,
+               seed: int = 0) -> list[dict[str, Any]]:
+    """The rows of one batch (``members``: the prompt of each row) against those prompts alone."""
+    gen = batched.generation
+    reference = torch.cat([alone[i].generation.tokens for i in members])
+    steps = first_divergent_steps(reference, gen.tokens)
+    batch = len(members)
+    rows = []
+    for row, step in enumerate(steps):
+        prompt = members[row]
+        entry = {"path": batched.path, "mode": batched.mode, "seed": seed, "batch": batch, "attempt": 1,
+                 "row": prompt, "row_in_batch": row, "token_exact": step is None, "first_divergent_step": step,
+                 "near_tie": None, "accumulated": None, "onset": None}
+        if step is not None:
+            tie = near_tie(alone[prompt].generation.logits[step][0], gen.logits[step][row])
+            entry.update(near_tie=tie["near_tie"], gap=tie["gap"], noise=tie["noise"],
+                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"])
+        rows.append(entry)
+    if not locate_rows:
+        return rows
+    for step in sorted({s for s in steps if s is not None}):
+        wanted = {row: (alone[members[row]], 0) for row, s in enumerate(steps) if s == step}
+        state = feed = None
+        if step:  # every row of the batch put back on its own prompt's alone run, just before the step
+            state = gen.states[step]
+            for row, prompt in enumerate(members):
+                state = splice_row(state, row, alone[prompt].generation.states[step], 0)
+            feed = reference[:, step - 1:step]
+        found = locate(wanted, batched, step, candidate_state=state, candidate_feed=feed, candidate_forced=reference,
+                       judge=judge, max_ulp=max_ulp, sites=sites, metadata=metadata)
+        for row, where in found.items():
+            rows[row].update(where)
+    return rows
+
+
+def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
+    head = (f"batch invariance of {report['path']} ({report['mode']}) on {report['model']} [{report['dtype']}, "
+            f"{report['device']}]: {report['prompts'][0]} prompts of {report['prompts'][1]} tokens, "
+            f"{report['new_tokens']} new tokens, greedy, EOS disabled; each row against its prompt generated alone")
+    lines = [head, "", "token-exact rows per batch size:"]
+    body = [["batch", "exact rows"]] + [[str(s["batch"]), f"{s['exact']}/{s['rows']}" + (" (alone: the reference)"
+                                                                                        if s["batch"] == 1 else "")]
+                                        for s in report["summary"]]
+    widths = [max(len(r[i]) for r in body) for i in range(2)]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+    divergent = [r for r in report["rows"] if not r["token_exact"]]
+    lines += ["", f"divergent rows: {len(divergent)} of {len(report['rows'])} (row = the prompt's index)", NEAR_TIE_RULE]
+    if divergent:
+        shown = divergent if limit is None else divergent[:limit]
+        body = [ROW_HEAD] + [row_cells(r) for r in shown]
+        widths = [max(len(r[i]) for r in body) for i in range(len(ROW_HEAD))]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+        if limit is not None and len(divergent) > limit:
+            lines.append(f"  ... {len(divergent) - limit} more rows (--all or --json for every row)")
+    lines += ["", f"time: {report['timing']['seconds']:.1f} s"]
+    return "\n".join(lines)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    return "## ulptrace batch invariance\n\n```\n" + to_table(report, limit=None) + "\n```\n"

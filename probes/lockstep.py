@@ -1,0 +1,196 @@
+"""Lockstep: two runs advanced one decode step at a time from the same restored state.
+
+The reference and the candidate (each a path in a mode: the main case is ``graph`` against ``static``
+eager of the same path) prefill the same prompts; then, before every decode step, the candidate's whole
+decoding state — KV caches, GatedDeltaNet conv and recurrent states, position, next tokens — is
+overwritten with the reference's (``ulptrace.run.Session.restore``; across cache layouts when the modes
+differ), so a difference cannot compound: each step shows only what that step itself does differently.
+Both are fed the reference's greedy token. Per step: the logits, every state tensor after the step
+(bitwise and in ULPs of its dtype), and that step's per-site comparison with its onset. With
+``free_running`` the restore is dropped (both still fed the reference's tokens), which shows how the
+differences grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from ulptrace.comparison import bitwise_equal, compare
+from ulptrace.paths import apply_path
+from ulptrace.probes.divergence import describe_point, onset_object
+from ulptrace.record import Recorder
+from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites
+from ulptrace.trace import Trace
+from ulptrace.ulp import FORMATS, ulp_distance
+
+SCHEMA = "ulptrace.lockstep"
+
+
+class _StepSink:
+    """Records of the current step into a fresh ``Trace`` (one step kept at a time)."""
+
+    def __init__(self) -> None:
+        self.trace = Trace()
+        self.metadata: dict[str, Any] = {}
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        self.metadata = dict(metadata)
+
+    def take(self) -> Trace:
+        done, self.trace = self.trace, Trace(self.metadata)
+        done.metadata = dict(self.metadata)
+        return done
+
+    def add(self, record: Any) -> None:
+        self.trace.add(record)
+
+
+def _max_ulp(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Greatest ULP distance of two same-shape tensors (None when not a float format or shapes differ)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    if a.dtype not in FORMATS:
+        return 0 if torch.equal(a, b) else None
+    if a.numel() == 0:
+        return 0
+    dist = ulp_distance(a, b)
+    finite = dist.distance[~dist.nan]
+    return int(finite.max()) if finite.numel() else 0
+
+
+def compare_states(reference: DecodeState, candidate: DecodeState) -> tuple[bool, dict[str, int | None]]:
+    """(every state tensor bitwise equal, max ULP per tensor name); the candidate is moved to the reference's
+    cache layout first (``adapt_state``), so a static cache is compared on its live positions."""
+    candidate = adapt_state(candidate, reference.cache)
+    ref, cand = reference.tensors(), candidate.tensors()
+    equal = ref.keys() == cand.keys()
+    ulps: dict[str, int | None] = {}
+    for name in ref:
+        if name not in cand:
+            ulps[name] = None
+            continue
+        same = bitwise_equal(ref[name], cand[name])
+        equal = equal and same
+        ulps[name] = 0 if same else _max_ulp(ref[name], cand[name])
+    return equal, ulps
+
+
+def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the lockstep comparison of ``cfg.reference`` (``cfg.reference_mode``) and ``cfg.candidate``
+    (``cfg.candidate_mode``) over ``cfg.new_tokens`` steps; returns the report (``prefill`` and ``steps``)."""
+    say = progress or (lambda msg: None)
+    ref_model, cand_model, prompts = build_pair(cfg)
+    max_len = cfg.cache_len or cfg.prompt_len + cfg.new_tokens
+    judge = None
+    entries: list[dict[str, Any]] = []
+    meta = {"selection": {"sites": list(cfg.sites) if cfg.sites else None,
+                          "kinds": list(cfg.kinds) if cfg.kinds else None, "layers": cfg.layers, "steps": None}}
+    with apply_path(ref_model, cfg.reference):
+        if cfg.oracle:
+            from ulptrace.verdicts import OracleJudge
+
+            judge = OracleJudge(ref_model)  # before the candidate's path is applied
+        with apply_path(cand_model, cfg.candidate):
+            ref_sink, cand_sink = _StepSink(), _StepSink()
+            ref_session = Session(ref_model, cfg.reference_mode, max_len=max_len)
+            cand_session = Session(cand_model, cfg.candidate_mode, max_len=max_len)
+            say(f"lockstep: {cfg.reference} ({cfg.reference_mode}) vs {cfg.candidate} ({cfg.candidate_mode}), "
+                f"{'free-running' if free_running else 'candidate restored to the reference before every step'}")
+            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), sink=ref_sink, path=cfg.reference,
+                          metadata={**meta, "mode": cfg.reference_mode}), \
+                    Recorder(cand_model, sites=selected_sites(cand_model, cfg), sink=cand_sink, path=cfg.candidate,
+                             metadata={**meta, "mode": cfg.candidate_mode}):
+                ref_logits = ref_session.prefill(prompts).clone()
+                cand_logits = cand_session.prefill(prompts).clone()
+                entries.append(_entry(0, ref_logits, cand_logits, ref_session, cand_session, ref_sink, cand_sink,
+                                      judge, cfg.max_ulp, restored=False))
+                for step in range(1, cfg.new_tokens):
+                    tokens = ref_logits.argmax(-1, keepdim=True)
+                    ref_session.tokens = tokens
+                    if not free_running:
+                        cand_session.restore(ref_session.snapshot())
+                    cand_session.tokens = tokens
+                    ref_logits = ref_session.step(tokens)
+                    cand_logits = cand_session.step(tokens)
+                    entries.append(_entry(step, ref_logits, cand_logits, ref_session, cand_session, ref_sink,
+                                          cand_sink, judge, cfg.max_ulp, restored=not free_running))
+                    e = entries[-1]
+                    say(f"  step {step}: logits {'bitwise equal' if e['logits_bitwise_equal'] else 'differ'}, "
+                        f"states {'bitwise equal' if e['states_bitwise_equal'] else 'differ'}")
+    steps = entries[1:]
+    return {
+        "schema": SCHEMA,
+        "version": 1,
+        "model": cfg.model,
+        "reference": {"path": cfg.reference, "mode": cfg.reference_mode},
+        "candidate": {"path": cfg.candidate, "mode": cfg.candidate_mode},
+        "restored": not free_running,
+        "prompts": list(prompts.shape),
+        "new_tokens": cfg.new_tokens,
+        "cache_len": None if cfg.reference_mode == cfg.candidate_mode == "eager" else max_len,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "prefill": entries[0],
+        "steps": steps,
+        "bitwise_steps": sum(e["logits_bitwise_equal"] and e["states_bitwise_equal"] for e in steps),
+    }
+
+
+def _entry(step: int, ref_logits: torch.Tensor, cand_logits: torch.Tensor, ref_session: Session,
+           cand_session: Session, ref_sink: _StepSink, cand_sink: _StepSink, judge: Any, max_ulp: int, *,
+           restored: bool) -> dict[str, Any]:
+    states_equal, ulps = compare_states(ref_session.snapshot(), cand_session.snapshot())
+    comparison = compare(ref_sink.take(), cand_sink.take(), judge=judge, max_ulp=max_ulp)
+    onset, first = onset_object(comparison)
+    differing = [d for d in comparison.sites if not d.bitwise_equal]
+    return {
+        "step": step,
+        "restored": restored,
+        "logits_bitwise_equal": bitwise_equal(ref_logits, cand_logits),
+        "states_bitwise_equal": states_equal,
+        "max_ulp": {"logits": _max_ulp(ref_logits, cand_logits), **ulps},
+        "tokens_equal": bool(torch.equal(ref_logits.argmax(-1), cand_logits.argmax(-1))),
+        "records": len(comparison.sites),
+        "differing_records": len(differing),
+        "onset": onset,
+        "first_difference": first,
+    }
+
+
+def to_table(report: dict[str, Any]) -> str:
+    """One line per step: logits and states bitwise or their max ULPs, and the step's onset."""
+    ref, cand = report["reference"], report["candidate"]
+    how = ("the candidate restored to the reference's state before every step" if report["restored"]
+           else "free-running (no restore)")
+    title = (f"lockstep on {report['model']} [{report['dtype']}, {report['device']}], prompts "
+             f"{report['prompts'][0]}x{report['prompts'][1]}: {cand['path']} ({cand['mode']}) vs {ref['path']} "
+             f"({ref['mode']}), {how}; both fed the reference's greedy tokens")
+    lines = [title, ""]
+    head = ["step", "logits", "states", "worst state (ulp)", "records differing", "onset / first difference"]
+    body = [head]
+    for e in [report["prefill"]] + report["steps"]:
+        states = {k: v for k, v in e["max_ulp"].items() if k != "logits"}
+        worst = max(states.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
+        body.append([
+            "0 (prefill)" if e["step"] == 0 else str(e["step"]),
+            "bitwise" if e["logits_bitwise_equal"] else f"{e['max_ulp']['logits']} ulp",
+            "bitwise" if e["states_bitwise_equal"] else "differ",
+            "-" if e["states_bitwise_equal"] or worst is None else f"{worst[0]}: {worst[1]}",
+            f"{e['differing_records']}/{e['records']}",
+            ("onset " + describe_point(e["onset"])) if e["onset"] else
+            ("none" if e["first_difference"] is None else "no onset; first difference "
+             + describe_point(e["first_difference"])),
+        ])
+    widths = [max(len(r[i]) for r in body) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+    steps = report["steps"]
+    lines += ["", f"decode steps bitwise identical (logits and every state tensor): {report['bitwise_steps']} of {len(steps)}"]
+    return "\n".join(lines)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    table = to_table(report).splitlines()
+    return "## ulptrace lockstep\n\n```\n" + "\n".join(table) + "\n```\n"

@@ -1,0 +1,279 @@
+"""The token-parity matrix: seeds x batches x modes x candidate paths, every divergent row located.
+
+Against a reference path and mode (default ``hf``, ``eager``: HF's dynamic cache), every candidate path
+runs greedy generations (EOS disabled) of seeded prompts in each mode — ``eager``, ``static`` and
+``graph``, the latter ``graph_attempts`` times, each attempt a fresh session and CUDA-graph capture — for
+every seed (weights and prompts) and batch size (the batch of ``b`` rows is the first ``b`` prompts). A
+*check* is one such generation: whole-batch token-exact or not. The summary counts exact checks per path
+and mode (the shape of the report it reproduces: Eager k/8, Graph k/16, Total k/24 for seeds 0/1, batches
+1/2/4/8, one eager and two graph attempts). Every row of every check gets its first divergent step; each
+divergent row is classified near-tie or not and located (``ulptrace.probes.divergence``): the step re-run
+traced from the reference's state, or — when that no longer flips the row — a re-run from the start fed
+the reference's tokens (``accumulated``).
+
+The reference of a (seed, batch) runs once and keeps its decoding state before every decode step
+(memory: one state per step, e.g. about 160 MB per step for Qwen3.5-0.8B at batch 8); candidates keep
+their logits only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from ulptrace.models import build_model
+from ulptrace.paths import apply_path, resolve_path
+from ulptrace.probes.divergence import (
+    NEAR_TIE_RULE,
+    ROW_HEAD,
+    Side,
+    check_values,
+    first_divergent_steps,
+    generate,
+    locate,
+    near_tie,
+    row_cells,
+)
+from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, torch_dtype
+
+SCHEMA = "ulptrace.matrix"
+
+
+@dataclass
+class MatrixConfig:
+    """The grid. ``run`` holds the common options: model, ``reference`` path and ``reference_mode``,
+    ``prompt_len``, ``new_tokens``, ``cache_len``, device, dtype, site selection, ``oracle``, ``max_ulp``
+    (its ``prompts``, ``seed``, ``candidate`` and ``candidate_mode`` are set from the grid)."""
+
+    run: RunConfig
+    candidates: Sequence[str]
+    seeds: Sequence[int] = (0, 1)
+    batches: Sequence[int] = (1, 2, 4, 8)
+    modes: Sequence[str] = ("eager", "graph")
+    graph_attempts: int = 2
+    locate: bool = True
+
+    def attempts(self, mode: str) -> int:
+        return self.graph_attempts if mode == "graph" else 1
+
+    def validate(self) -> None:
+        """Everything that can be checked before a model is built; ``ValueError`` naming expected and found."""
+        check_values("--candidate", self.candidates, kind="path")
+        check_values("--seeds", self.seeds)
+        check_values("--batches", self.batches, minimum=1)
+        check_values("--modes", self.modes, kind="mode")
+        for mode in self.modes:
+            check_mode(mode, self.run.device, what="modes")
+        if self.graph_attempts < 1:
+            raise ValueError(f"--graph-attempts must be >= 1 (each attempt is a fresh CUDA-graph capture), "
+                             f"but got {self.graph_attempts}")
+        for path in self.candidates:
+            resolve_path(path)
+        resolve_path(self.run.reference)
+        base = self.run
+        static = next((m for m in self.modes if m != "eager"), "eager")
+        for path in self.candidates:  # the run layer's own checks, once per candidate (fault: steps, selection)
+            RunConfig(**{**vars(base), "candidate": path, "candidate_mode": static, "prompts": max(self.batches),
+                         "extra": dict(base.extra)}).validate()
+
+    @property
+    def cache_len(self) -> int | None:
+        if self.run.reference_mode == "eager" and all(m == "eager" for m in self.modes):
+            return None
+        return self.run.cache_len or self.run.prompt_len + self.run.new_tokens
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _selection(cfg: RunConfig) -> dict[str, Any]:
+    return {"selection": {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
+                          "layers": cfg.layers, "steps": None}}
+
+
+def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the grid; returns the report (the JSON contract: ``summary``, ``rows``, see the README)."""
+    say = progress or (lambda msg: None)
+    cfg.validate()
+    run = cfg.run
+    dtype = torch_dtype(run.dtype)
+    started = time.perf_counter()
+    timing = {"generation_seconds": 0.0, "reference_seconds": 0.0, "locate_seconds": 0.0, "build_seconds": 0.0}
+    summary = {path: {mode: {"exact": 0, "checks": 0} for mode in cfg.modes} for path in cfg.candidates}
+    rows: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    cache_len = cfg.cache_len
+    meta = _selection(run)
+    for seed in cfg.seeds:
+        t0 = time.perf_counter()
+        ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
+        cand_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
+        timing["build_seconds"] += time.perf_counter() - t0
+        prompts_all = make_prompts(ref_model.config.vocab_size, max(cfg.batches), run.prompt_len, seed, run.device)
+        sites = selected_sites(ref_model, run)
+        with apply_path(ref_model, run.reference):
+            judge = None
+            if run.oracle and cfg.locate:
+                from ulptrace.verdicts import OracleJudge
+
+                judge = OracleJudge(ref_model)  # built while only the reference's path is applied
+            for batch in cfg.batches:
+                prompts = prompts_all[:batch]
+                say(f"seed {seed}, batch {batch}: reference {run.reference!r} ({run.reference_mode})")
+                t0 = time.perf_counter()
+                ref_gen = generate(ref_model, prompts, run.new_tokens, mode=run.reference_mode, cache_len=cache_len,
+                                   keep_states=cfg.locate)
+                _sync(run.device)
+                timing["reference_seconds"] += time.perf_counter() - t0
+                reference = Side(ref_model, run.reference, run.reference_mode, prompts, ref_gen, cache_len)
+                for path in cfg.candidates:
+                    with apply_path(cand_model, path):
+                        for mode in cfg.modes:
+                            for attempt in range(1, cfg.attempts(mode) + 1):
+                                t0 = time.perf_counter()
+                                gen = generate(cand_model, prompts, run.new_tokens, mode=mode, cache_len=cache_len)
+                                _sync(run.device)
+                                seconds = time.perf_counter() - t0
+                                timing["generation_seconds"] += seconds
+                                candidate = Side(cand_model, path, mode, prompts, gen, cache_len)
+                                check = {"path": path, "mode": mode, "seed": seed, "batch": batch, "attempt": attempt}
+                                t0 = time.perf_counter()
+                                found = check_rows(reference, candidate, check, judge=judge, locate_rows=cfg.locate,
+                                                   max_ulp=run.max_ulp, sites=sites, metadata=meta)
+                                _sync(run.device)
+                                timing["locate_seconds"] += time.perf_counter() - t0
+                                exact = all(r["token_exact"] for r in found)
+                                summary[path][mode]["checks"] += 1
+                                summary[path][mode]["exact"] += int(exact)
+                                rows += found
+                                checks.append({**check, "token_exact": exact, "seconds": seconds})
+                                say(f"  {path} {mode} attempt {attempt}: "
+                                    + ("token-exact" if exact else
+                                       f"{sum(not r['token_exact'] for r in found)} of {batch} row(s) diverge"))
+        del ref_model, cand_model
+    for path in cfg.candidates:
+        summary[path]["total"] = {"exact": sum(summary[path][m]["exact"] for m in cfg.modes),
+                                  "checks": sum(summary[path][m]["checks"] for m in cfg.modes)}
+    timing["seconds"] = time.perf_counter() - started
+    return {
+        "schema": SCHEMA,
+        "version": 1,
+        "model": run.model,
+        "reference": {"path": run.reference, "mode": run.reference_mode},
+        "candidates": list(cfg.candidates),
+        "grid": {"seeds": list(cfg.seeds), "batches": list(cfg.batches), "modes": list(cfg.modes),
+                 "graph_attempts": cfg.graph_attempts, "prompt_len": run.prompt_len, "new_tokens": run.new_tokens,
+                 "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
+        "near_tie_rule": NEAR_TIE_RULE,
+        "located": cfg.locate,
+        "summary": summary,
+        "rows": rows,
+        "checks": checks,
+        "timing": timing,
+    }
+
+
+def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge: Any = None,
+               locate_rows: bool = True, max_ulp: int = 0, sites: Sequence[Any] | None = None,
+               metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One check's rows (``rows`` of the JSON): token-exact or the first divergent step, near-tie, location.
+
+    Row ``r`` of the candidate is paired with row ``r`` of the reference (the same prompt in the same batch).
+    Rows that first diverge at the same step are located together (one traced re-run per step).
+    """
+    ref, cand = reference.generation, candidate.generation
+    steps = first_divergent_steps(ref.tokens, cand.tokens)
+    rows = []
+    for row, step in enumerate(steps):
+        entry = {**check, "row": row, "token_exact": step is None, "first_divergent_step": step, "near_tie": None,
+                 "accumulated": None, "onset": None}
+        if step is not None:
+            tie = near_tie(ref.logits[step][row], cand.logits[step][row])
+            entry.update(near_tie=tie["near_tie"], gap=tie["gap"], noise=tie["noise"],
+                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"])
+        rows.append(entry)
+    if not locate_rows:
+        return rows
+    for step in sorted({s for s in steps if s is not None}):
+        wanted = {row: (reference, row) for row, s in enumerate(steps) if s == step}
+        state = ref.states[step] if step else None
+        feed = ref.tokens[:, step - 1:step] if step else None
+        found = locate(wanted, candidate, step, candidate_state=state, candidate_feed=feed,
+                       candidate_forced=ref.tokens, judge=judge, max_ulp=max_ulp, sites=sites, metadata=metadata)
+        for row, where in found.items():
+            rows[row].update(where)
+    return rows
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+def _mode_label(mode: str) -> str:
+    return mode.capitalize()
+
+
+def summary_lines(report: dict[str, Any]) -> list[list[str]]:
+    """The summary table's cells: a header of candidate paths, one row per mode, then Total."""
+    paths = report["candidates"]
+    modes = report["grid"]["modes"]
+    body = [[""] + paths]
+    for mode in modes + ["total"]:
+        body.append([_mode_label(mode)] + [f"{report['summary'][p][mode]['exact']}/{report['summary'][p][mode]['checks']}"
+                                           for p in paths])
+    return body
+
+
+def _grid_line(report: dict[str, Any]) -> str:
+    grid = report["grid"]
+    ref = report["reference"]
+    attempts = f" ({grid['graph_attempts']} attempts, each a fresh capture)" if "graph" in grid["modes"] else ""
+    return (f"{report['model']} [{grid['dtype']}, {grid['device']}]: seeds {' '.join(map(str, grid['seeds']))}, "
+            f"batches {' '.join(map(str, grid['batches']))}, modes {' '.join(grid['modes'])}{attempts}; "
+            f"{grid['prompt_len']} prompt + {grid['new_tokens']} new tokens, greedy, EOS disabled; "
+            f"reference {ref['path']} ({ref['mode']})")
+
+
+def _columns(body: list[list[str]], indent: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in body) for i in range(len(body[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+
+
+def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
+    """The terminal report: the summary table, the near-tie rule, the divergent rows, the timing."""
+    lines = [_grid_line(report), "", "token-exact checks (whole batch), per candidate path:"]
+    lines += _columns(summary_lines(report), "  ")
+    divergent = [r for r in report["rows"] if not r["token_exact"]]
+    lines += ["", f"divergent rows: {len(divergent)} of {len(report['rows'])}", NEAR_TIE_RULE]
+    if divergent:
+        shown = divergent if limit is None else divergent[:limit]
+        lines += _columns([ROW_HEAD] + [row_cells(r) for r in shown], "  ")
+        named = {r["onset"]["boundary"] for r in shown if r.get("onset") and r["onset"].get("boundary")}
+        for boundary in sorted(named):
+            lines.append(f"  boundary: {boundary}")
+        if limit is not None and len(divergent) > limit:
+            lines.append(f"  ... {len(divergent) - limit} more rows (--all or --json for every row)")
+    timing = report["timing"]
+    lines += ["", (f"time: {timing['seconds']:.1f} s (candidate generation {timing['generation_seconds']:.1f} s, "
+                   f"reference {timing['reference_seconds']:.1f} s, locating {timing['locate_seconds']:.1f} s, "
+                   f"model builds {timing['build_seconds']:.1f} s)")]
+    return "\n".join(lines)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    """The report in markdown: the summary table in the reference report's shape, then the divergent rows."""
+    table = summary_lines(report)
+    lines = ["## ulptrace token-parity matrix", "", _grid_line(report), "",
+             "| " + " | ".join(table[0]) + " |", "|" + "---|" * len(table[0])]
+    lines += ["| " + " | ".join(r) + " |" for r in table[1:]]
+    divergent = [r for r in report["rows"] if not r["token_exact"]]
+    lines += ["", f"{NEAR_TIE_RULE}.", "", f"Divergent rows: {len(divergent)} of {len(report['rows'])}.", ""]
+    if divergent:
+        lines += ["| " + " | ".join(ROW_HEAD + ["boundary"]) + " |", "|" + "---|" * (len(ROW_HEAD) + 1)]
+        for r in divergent:
+            boundary = (r.get("onset") or {}).get("boundary") or ""
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(r) + [boundary]) + " |")
+    return "\n".join(lines) + "\n"

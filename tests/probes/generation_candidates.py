@@ -1,0 +1,96 @@
+"""Candidate paths for the generation diagnostics' tests (matrix, lockstep, batch invariance).
+
+Each function patches an HF model in place, as a user's ``module:function`` path does, and returns an undo
+callable. Written independently of ``ulptrace.kernels``. Defects are keyed on the *absolute position* of
+the token being computed (read from the forward's ``cache_position`` or the cache's length), never on a
+call count, so a step re-run from a restored state behaves as it did in the whole run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFECT_LAYER = 1
+DEFECT_POSITION = 17
+"""The one position the GLU defects touch: with 16-token prompts, decode step 2 (the prefill covers positions
+0..15, decode step t feeds position 15 + t)."""
+GLU_SCALE = 4.0
+KEY_DRIFT = 1.5
+
+
+def _cache(kwargs: dict):
+    return next((kwargs[k] for k in ("cache", "past_key_values") if kwargs.get(k) is not None), None)
+
+
+def _track_positions(model, seen: dict):
+    """A root pre-hook storing the first position and the length of the tokens of each forward."""
+
+    def hook(module, args, kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        position = kwargs.get("cache_position")
+        if position is not None:
+            start = int(position.reshape(-1)[0])
+        else:
+            cache = _cache(kwargs)
+            start = int(cache.get_seq_length()) if cache is not None else 0
+        seen["start"], seen["length"], seen["batch"] = start, ids.shape[1], ids.shape[0]
+
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _scaled_glu(model, scale: float, applies) -> callable:
+    seen: dict = {}
+    handle = _track_positions(model, seen)
+    mlp = model.model.layers[DEFECT_LAYER].mlp
+
+    def forward(x, mlp=mlp):
+        glu = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+        positions = torch.arange(seen["start"], seen["start"] + seen["length"], device=x.device)
+        hit = (positions == DEFECT_POSITION) & applies(seen)
+        if bool(hit.any()):
+            glu = torch.where(hit.view(1, -1, 1), glu * scale, glu)
+        return mlp.down_proj(glu)
+
+    mlp.forward = forward
+
+    def undo():
+        handle.remove()
+        del mlp.forward
+
+    return undo
+
+
+def glu_error_at_step_2(model):
+    """Defect (error at ``layers.1.mlp.glu``) at one step: at position 17 (decode step 2 of a 16-token prompt),
+    layer 1's GLU product is scaled by 4. A row flips at that step (located there from the restored state) or
+    later, through the states that step wrote (accumulated: located at that step from the start)."""
+    return _scaled_glu(model, GLU_SCALE, lambda seen: True)
+
+
+def glu_error_in_batches(model):
+    """Defect that depends on the batch shape: as ``glu_error_at_step_2``, but only in batches of 2 or more rows."""
+    return _scaled_glu(model, GLU_SCALE, lambda seen: seen["batch"] > 1)
+
+
+def key_drift(model):
+    """Defect in cache handling, outside every site: after each forward, the keys it just wrote into the KV cache
+    are scaled by 1.5. A step's own output is untouched (attention has already read the keys), so a step re-run
+    from the reference's state is exact, but the stored keys drift and later steps flip: the difference
+    *accumulates*."""
+
+    def hook(module, args, kwargs, output):
+        cache = _cache(kwargs) or getattr(output, "cache", None) or getattr(output, "past_key_values", None)
+        ids = args[0] if args else kwargs["input_ids"]
+        length = ids.shape[1]
+        position = kwargs.get("cache_position")
+        with torch.no_grad():
+            for layer in getattr(cache, "layers", []):
+                keys = getattr(layer, "keys", None)
+                if not isinstance(keys, torch.Tensor) or keys.dim() != 4:
+                    continue
+                if position is not None:  # a static cache: the positions written
+                    keys[:, :, position] = (keys[:, :, position].float() * KEY_DRIFT).to(keys.dtype)
+                else:  # a dynamic cache ends with what this forward wrote
+                    keys[:, :, -length:] = (keys[:, :, -length:].float() * KEY_DRIFT).to(keys.dtype)
+
+    return model.register_forward_hook(hook, with_kwargs=True).remove

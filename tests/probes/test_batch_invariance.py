@@ -1,0 +1,55 @@
+"""ulptrace batch-invariance: each prompt alone and inside batches; divergent rows located, sliced to the row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from ulptrace.cli import main
+from ulptrace.probes.batch_invariance import BatchInvarianceConfig, run_batch_invariance
+from ulptrace.run import RunConfig
+
+HERE = Path(__file__).parent
+ROW_KEYS = {"path", "mode", "seed", "batch", "attempt", "row", "token_exact", "first_divergent_step", "near_tie",
+            "accumulated", "onset"}
+
+
+def test_hf_rows_are_the_same_alone_and_batched_on_cpu(tmp_path, capsys) -> None:
+    out = tmp_path / "b.json"
+    assert main(["batch-invariance", "--model", "tiny-llama", "--batches", "1", "2", "--prompt-len", "8",
+                 "--new-tokens", "3", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"][1] == {"batch": 2, "exact": 2, "rows": 2}
+    assert [r["batch"] for r in report["rows"]] == [2, 2] and all(ROW_KEYS <= r.keys() for r in report["rows"])
+    assert all(r["token_exact"] for r in report["rows"])
+    assert "2/2" in capsys.readouterr().out
+
+
+def test_a_batch_dependent_defect_is_located_in_the_row(monkeypatch) -> None:
+    """A defect active only in batches of 2+ rows, at decode step 2: each divergent row's onset (its records sliced
+    out of the batch, the batch restored to the alone runs' states) is the defect's site and step."""
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    monkeypatch.setattr(generation_candidates, "GLU_SCALE", -16.0)
+    cfg = BatchInvarianceConfig(RunConfig(model="tiny-llama", reference="generation_candidates:glu_error_in_batches",
+                                          prompts=2, prompt_len=16, new_tokens=3), batches=[2])
+    report = run_batch_invariance(cfg)
+    assert report["summary"] == [{"batch": 2, "exact": 0, "rows": 2}]
+    for row in report["rows"]:
+        assert row["first_divergent_step"] == 2 and row["accumulated"] is False
+        assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == ("layers.1.mlp.glu", 2, "error")
+    assert [r["row"] for r in report["rows"]] == [0, 1]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--batches", "4", "--prompts", "2"], "a batch cannot hold more rows than there are prompts"),
+    (["--batches", "2", "--prompts", "3"], "--prompts 3 is not a multiple of batch size(s) 2"),
+    (["--batches", "0"], "--batches values must be >= 1"),
+    (["--mode", "graph"], "--mode graph replays CUDA graphs"),
+])
+def test_bad_values_exit_2_with_one_line(argv, expected, capsys) -> None:
+    assert main(["batch-invariance", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err

@@ -1,0 +1,70 @@
+"""ulptrace lockstep: two runs from the same restored state, step by step; free-running for contrast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from ulptrace.cli import main
+from ulptrace.probes.lockstep import run_lockstep
+from ulptrace.run import RunConfig
+
+HERE = Path(__file__).parent
+STEP_KEYS = {"step", "logits_bitwise_equal", "states_bitwise_equal", "max_ulp", "onset"}
+
+
+def test_restored_hf_against_hf_is_bitwise_at_every_step(tmp_path, capsys) -> None:
+    out, plot = tmp_path / "l.json", tmp_path / "l.png"
+    assert main(["lockstep", "--reference-mode", "static", "--candidate-mode", "static", "--prompt-len", "8",
+                 "--new-tokens", "4", "--json", str(out), "--plot", str(plot)]) == 0
+    report = json.loads(out.read_text())
+    assert report["restored"] and len(report["steps"]) == 3 and report["bitwise_steps"] == 3
+    for entry in report["steps"]:
+        assert STEP_KEYS <= entry.keys()
+        assert entry["logits_bitwise_equal"] and entry["states_bitwise_equal"] and entry["onset"] is None
+        states = {k for k in entry["max_ulp"] if k != "logits"}
+        # every KV cache, conv and recurrent state tensor of the hybrid model is compared
+        assert {"layers.0.conv_states.0", "layers.0.recurrent_states.0", "layers.1.keys", "layers.1.values"} <= states
+        assert set(entry["max_ulp"].values()) == {0}
+    assert "decode steps bitwise identical (logits and every state tensor): 3 of 3" in capsys.readouterr().out
+    assert plot.stat().st_size > 0
+
+
+def test_restoring_keeps_a_one_step_defect_to_its_step(monkeypatch) -> None:
+    """A GLU defect at decode step 2 only: restored, steps 1 and 3 are bitwise again and step 2's onset is the
+    defect's site; free-running, step 3 inherits the difference through the state step 2 wrote."""
+    monkeypatch.syspath_prepend(str(HERE))
+    cfg = RunConfig(model="tiny-llama", candidate="generation_candidates:glu_error_at_step_2", prompts=1,
+                    prompt_len=16, new_tokens=4)
+    restored = run_lockstep(cfg)
+    steps = {e["step"]: e for e in restored["steps"]}
+    assert steps[1]["logits_bitwise_equal"] and steps[3]["logits_bitwise_equal"] and steps[3]["states_bitwise_equal"]
+    assert not steps[2]["logits_bitwise_equal"] and not steps[2]["states_bitwise_equal"]
+    assert (steps[2]["onset"]["site"], steps[2]["onset"]["step"], steps[2]["onset"]["verdict"]) == \
+        ("layers.1.mlp.glu", 2, "error")
+    assert steps[2]["max_ulp"]["layers.1.keys"] == 0 and steps[2]["max_ulp"]["layers.2.keys"] > 0  # after layer 1
+    free = run_lockstep(cfg, free_running=True)
+    assert not free["restored"]
+    last = free["steps"][-1]
+    assert not last["logits_bitwise_equal"] and not last["states_bitwise_equal"]
+    assert last["onset"] is None or last["onset"]["reason"] == "unobserved"  # inherited through the cache
+
+
+def test_stored_state_corruption_shows_in_the_states_not_in_the_logits(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+    cfg = RunConfig(model="tiny-llama", candidate="generation_candidates:key_drift", prompts=1, prompt_len=8,
+                    new_tokens=3)
+    report = run_lockstep(cfg)
+    for entry in report["steps"]:
+        assert entry["logits_bitwise_equal"] and not entry["states_bitwise_equal"]
+        assert entry["max_ulp"]["layers.0.keys"] > 0 and entry["max_ulp"]["layers.0.values"] == 0
+
+
+def test_graph_mode_on_cpu_exits_2(capsys) -> None:
+    assert main(["lockstep", "--candidate-mode", "graph"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--candidate-mode graph" in err[0]

@@ -1,0 +1,159 @@
+"""ulptrace matrix: token parity per check, first divergent step, near-tie rule, every divergent row located."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+from ulptrace.cli import main
+from ulptrace.probes.divergence import NEAR_TIE_RULE, first_divergent_steps, near_tie
+from ulptrace.probes.matrix import MatrixConfig, run_matrix
+from ulptrace.run import RunConfig
+
+HERE = Path(__file__).parent
+ROW_KEYS = {"path", "mode", "seed", "batch", "attempt", "row", "token_exact", "first_divergent_step", "near_tie",
+            "accumulated", "onset"}
+ONSET_KEYS = {"step", "site", "kind", "layer", "reason", "verdict", "boundary"}
+
+
+def test_near_tie_rule_on_constructed_logits() -> None:
+    ref = torch.tensor([1.0, 3.0, 2.75, -1.0], dtype=torch.bfloat16)  # top-1/top-2 gap 0.25
+    close = near_tie(ref, ref + torch.tensor([0.0, -0.375, 0.125, 0.0], dtype=torch.bfloat16))
+    assert close["near_tie"] and close["gap"] == 0.25 and close["noise"] == 0.375
+    assert (close["reference_token"], close["candidate_token"]) == (1, 2)
+    far = near_tie(ref, ref + torch.tensor([0.0, 0.0, 0.125, 0.0], dtype=torch.bfloat16))
+    assert not far["near_tie"] and far["gap"] == 0.25 and far["noise"] == 0.125
+    # the rule is strict: a gap equal to the noise is not a near-tie
+    equal = near_tie(ref, ref + torch.tensor([0.25, 0.0, 0.0, 0.0], dtype=torch.bfloat16))
+    assert not equal["near_tie"] and equal["gap"] == equal["noise"] == 0.25
+    # the noise is the largest difference anywhere in the row, not at the two tokens only
+    anywhere = near_tie(ref, ref + torch.tensor([0.0, 0.0, 0.0, 0.5], dtype=torch.bfloat16))
+    assert anywhere["near_tie"] and anywhere["noise"] == 0.5
+    nonfinite = near_tie(ref, ref + torch.tensor([0.0, 0.0, float("nan"), 0.0], dtype=torch.bfloat16))
+    assert not nonfinite["near_tie"]
+    with pytest.raises(ValueError, match="two logit rows"):
+        near_tie(ref, ref[:3])
+    assert "top-1/top-2 logit gap" in NEAR_TIE_RULE
+
+
+def test_first_divergent_steps() -> None:
+    ref = torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]])
+    cand = torch.tensor([[1, 2, 3], [1, 9, 9], [0, 5, 6]])
+    assert first_divergent_steps(ref, cand) == [None, 1, 0]
+
+
+def test_hf_against_hf_is_token_exact_and_the_json_has_the_documented_keys(tmp_path, capsys) -> None:
+    out, plot, md = tmp_path / "m.json", tmp_path / "m.png", tmp_path / "m.md"
+    assert main(["matrix", "--model", "tiny-llama", "--candidate", "hf", "--modes", "eager", "static", "--seeds", "0",
+                 "--batches", "2", "--prompt-len", "8", "--new-tokens", "2", "--json", str(out),
+                 "--plot", str(plot), "--markdown", str(md)]) == 0
+    report = json.loads(out.read_text())
+    assert report["summary"] == {"hf": {"eager": {"exact": 1, "checks": 1}, "static": {"exact": 1, "checks": 1},
+                                        "total": {"exact": 2, "checks": 2}}}
+    assert len(report["rows"]) == 2 * 2
+    for row in report["rows"]:
+        assert ROW_KEYS <= row.keys()
+        assert row["token_exact"] and row["first_divergent_step"] is None and row["near_tie"] is None
+        assert row["onset"] is None
+    assert report["near_tie_rule"] == NEAR_TIE_RULE
+    printed = capsys.readouterr().out
+    assert "Eager   1/1" in printed and "Static  1/1" in printed and "Total   2/2" in printed
+    assert NEAR_TIE_RULE in printed
+    assert plot.stat().st_size > 0 and "| Total | 2/2 |" in md.read_text()
+
+
+def test_defects_are_located_at_their_site_and_step(monkeypatch) -> None:
+    """Two defects on tiny-qwen3.5 (static cache, against HF's dynamic one: restoring crosses cache layouts).
+
+    A GLU defect at decode step 2 only: every divergent row begins at layers.1.mlp.glu, step 2, an error —
+    found from the restored step when the row flips there, from the start when it flips later through the
+    recurrent state that step wrote (accumulated). A candidate that corrupts the keys it has *stored*: a
+    step re-run from the reference's state is exact, so its flip is accumulated; from the start it begins
+    where the corrupted cache is first read, in code no site observes.
+    """
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    monkeypatch.setattr(generation_candidates, "GLU_SCALE", -4.0)
+    glu, drift = "generation_candidates:glu_error_at_step_2", "generation_candidates:key_drift"
+    cfg = MatrixConfig(RunConfig(model="tiny-qwen3.5", prompt_len=16, new_tokens=4), candidates=[glu, drift],
+                       seeds=[1], batches=[2], modes=["static"])
+    report = run_matrix(cfg)
+    assert report["summary"][glu]["total"] == {"exact": 0, "checks": 1}
+    rows = [r for r in report["rows"] if r["path"] == glu]
+    assert [r["first_divergent_step"] for r in rows] == [2, 3]  # row 1 flips a step later
+    for row in rows:
+        assert ONSET_KEYS <= row["onset"].keys(), row
+        assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == ("layers.1.mlp.glu", 2, "error")
+        assert row["onset"]["reason"] == "verdict" and isinstance(row["near_tie"], bool)
+    assert rows[0]["accumulated"] is False and rows[1]["accumulated"] is True
+    assert rows[0]["located_by"] == "decode step 2 re-run traced from the reference's state"
+    assert rows[1]["located_by"].startswith("steps 0..3 re-run traced from the start")
+
+    exact, flipped = [r for r in report["rows"] if r["path"] == drift]
+    assert exact["token_exact"] and exact["accumulated"] is None and exact["onset"] is None
+    assert flipped["first_divergent_step"] == 3
+    assert flipped["accumulated"] is True and flipped["restored_step_diverges"] is False
+    assert (flipped["onset"]["site"], flipped["onset"]["step"]) == ("layers.1.self_attn.core", 1)
+    assert flipped["onset"]["reason"] == "unobserved"  # the keys changed in cache handling, which no site observes
+
+
+def test_graph_mode_on_cpu_exits_2_with_one_line(capsys) -> None:
+    assert main(["matrix", "--candidate", "hf", "--modes", "eager", "graph"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--modes graph" in err[0] and "CUDA" in err[0]
+    assert main(["matrix", "--candidate", "hf", "--reference-mode", "graph", "--modes", "eager"]) == 2
+    assert "--reference-mode graph" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--batches", "0", "2"], "--batches values must be >= 1, but got 0"),
+    (["--batches", "2", "2"], "--batches lists 2 more than once"),
+    (["--graph-attempts", "0"], "--graph-attempts must be >= 1"),
+    (["--prompts", "4"], "matrix does not take --prompts"),
+    (["--steps", "0:2"], "matrix does not take --steps"),
+    (["--seeds"], "argument --seeds: expected at least one argument"),
+    (["--modes", "fast"], "invalid choice: 'fast'"),
+    (["--plot", "x.txt"], "expected a file name ending in .png"),
+])
+def test_bad_grid_values_exit_2_with_one_line(argv, expected, capsys) -> None:
+    try:
+        status = main(["matrix", "--candidate", "hf", *argv])
+    except SystemExit as exc:  # argparse's own errors (one line, see ulptrace.cli.Parser)
+        status = exc.code
+    assert status == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_unknown_candidate_exits_2_before_any_model_is_built(capsys) -> None:
+    assert main(["matrix", "--candidate", "hf", "no_such_module:patch", "--modes", "eager"]) == 2
+    assert "no_such_module" in capsys.readouterr().err
+
+
+def test_plot_matrix_marks_near_tie_flips() -> None:
+    from ulptrace.plot import plot_matrix
+
+    def row(path, step, tie, batch=2, r=0, verdict="error"):
+        onset = None if step is None else {"step": step, "site": "s", "kind": "glu", "layer": 0, "reason": "verdict",
+                                           "verdict": verdict, "boundary": None}
+        return {"path": path, "mode": "eager", "seed": 0, "batch": batch, "attempt": 1, "row": r,
+                "token_exact": step is None, "first_divergent_step": step, "near_tie": tie, "accumulated": False,
+                "onset": onset}
+
+    report = {"model": "m", "reference": {"path": "hf", "mode": "eager"}, "grid": {"new_tokens": 4},
+              "rows": [row("a", None, None), row("a", 2, True, r=1), row("b", 0, False), row("b", 3, True, r=1, verdict="tie")]}
+    fig = plot_matrix(report)
+    ax = fig.axes[0]
+    hollow = [line for line in ax.lines if line.get_marker() == "o" and line.get_markerfacecolor() == "none"]
+    crosses = [line for line in ax.lines if line.get_marker() == "X"]
+    assert len(hollow) == 2 and len(crosses) == 1
+    assert sorted(line.get_ydata()[0] for line in hollow) == [2, 3]
+    with pytest.raises(ValueError, match="no rows"):
+        plot_matrix({"rows": []})
