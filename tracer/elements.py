@@ -60,7 +60,9 @@ class ElementRow:
         point: the exact replay, rounded as the reference rounds.
         lo, hi: the admissible set's ends in the output's dtype.
         distance: ULPs from the candidate to the admissible set (0 inside, -1 nonfinite).
-        hypothesis: the first hypothesis (simplest first) whose admissible set holds a ``boundary`` element.
+        hypothesis: for a ``boundary`` element, the site's named boundary (the hypothesis explaining the most
+            out-of-set elements) when its admissible set holds the element, else the first hypothesis (simplest
+            first) whose set does.
         midpoint, band, rounding_op: see the module docstring (None without an op list).
     """
 
@@ -309,7 +311,8 @@ def _exact(program: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def _hypothesis_per_element(program: Any, inputs: dict[str, torch.Tensor], output: torch.Tensor,
                             result: Judgement) -> list[str | None] | None:
-    """For each ``boundary`` element the first hypothesis (the judge's order) whose set holds it; else None."""
+    """For each ``boundary`` element the named boundary when it holds the element, else the first hypothesis (the
+    judge's order) whose set does; None for the other elements."""
     boundary = result.verdicts == VERDICTS.index("boundary")
     if not bool(boundary.any()):
         return None
@@ -317,8 +320,10 @@ def _hypothesis_per_element(program: Any, inputs: dict[str, torch.Tensor], outpu
     names: list[str | None] = [None] * v.numel()
     pending = boundary.reshape(-1).clone()
     base = replay(program, inputs, track_point=False)
-    for h, tried in zip(enumerate_hypotheses(program), result.hypotheses):
-        if tried.explained == 0 or not bool(pending.any()):
+    tried = list(zip(enumerate_hypotheses(program), result.hypotheses))
+    tried.sort(key=lambda pair: pair[0].description != result.boundary)  # the named boundary first (stable)
+    for h, outcome in tried:
+        if outcome.explained == 0 or not bool(pending.any()):
             continue
         iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
         hit = pending & ((v >= iv.lo) & (v <= iv.hi)).reshape(-1)

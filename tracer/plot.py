@@ -356,11 +356,12 @@ _TREE_CLASSES = ("neither", "reference", "candidate", "both")
 _TREE_COLORS = ("#f2f2f2", "#6baed6", "#fd8d3c", "#756bb1")
 
 
-def plot_tree_findings(findings: dict[str, Any], ax: Any = None, *, max_trees: int = 24,
+def plot_tree_findings(findings: dict[str, Any], ax: Any = None, *, max_trees: int = 24, max_rows: int = 16,
                        title: str | None = None) -> Any:
     """Which FP32 reduction trees reproduce each side bit for bit: examined rows x trees, each cell
     reference only, candidate only, both or neither. Trees that reproduce a row on either side are shown,
-    those telling the sides apart first, at most ``max_trees``.
+    those telling the sides apart first, at most ``max_trees``; the first ``max_rows`` rows (the trees are
+    ordered over all of them).
 
     Args:
         findings: ``{"rows": [{"row", "reference": [specs], "candidate": [specs]}]}`` (``trace_norm_rounding``'s
@@ -385,6 +386,8 @@ def plot_tree_findings(findings: dict[str, Any], ax: Any = None, *, max_trees: i
     rank = lambda s: family.index(s.split(":")[0]) if s.split(":")[0] in family else len(family)
     order = sorted(counts, key=lambda s: (-abs(counts[s][0] - counts[s][1]), -sum(counts[s]), rank(s), len(s), s))
     shown = order[:max_trees]
+    every = [sum(1 for s in counts if counts[s][k] == len(rows)) for k in (0, 1)]
+    hidden_rows, rows = len(rows) - min(len(rows), max_rows), rows[:max_rows]
     grid = [[(spec in r["reference"]) + 2 * (spec in r["candidate"]) for spec in shown] for r in rows]
     fig, ax = _new_axes(ax, (1.5 + 0.22 * max(len(shown), 1), 1.2 + 0.22 * len(rows)))
     ax.imshow(grid if shown else [[0] for _ in rows], cmap=ListedColormap(_TREE_COLORS), vmin=-0.5, vmax=3.5,
@@ -392,9 +395,10 @@ def plot_tree_findings(findings: dict[str, Any], ax: Any = None, *, max_trees: i
     ax.set_yticks(range(len(rows)), [f"row {r['row']}" for r in rows], fontsize=6)
     ax.set_xticks(range(len(shown)), shown, fontsize=6, rotation=90)
     more = len(order) - len(shown)
-    every = [sum(1 for s in counts if counts[s][k] == len(rows)) for k in (0, 1)]
     ax.set_xlabel("FP32 summation order" + (f" (+{more} more)" if more > 0 else "") + f"; reproducing every row: "
                   f"{every[0]} for the reference, {every[1]} for the candidate", fontsize=7)
+    if hidden_rows:
+        ax.set_ylabel(f"first {len(rows)} of {len(rows) + hidden_rows} rows", fontsize=7)
     present = sorted({v for g in grid for v in g}) if shown else [0]
     ax.legend(handles=[Patch(color=_TREE_COLORS[v], label=f"reproduces {_TREE_CLASSES[v]}") for v in present],
               fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))

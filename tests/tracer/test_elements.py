@@ -111,6 +111,7 @@ def test_verdicts_hypotheses_and_the_midpoint_claim(norm_case) -> None:
     boundary = e.where("boundary")
     assert boundary and {flat_index(r) for r in boundary} <= moved
     assert all("rounded to BF16" in r.hypothesis for r in boundary)
+    assert all(r.hypothesis == e.boundary for r in boundary)  # the site's named boundary holds each of them
     ties = e.where("tie")
     assert len(ties) >= 10, "ties must be present, or the test proves nothing"
     # an honest reordering moves the value by a fraction of the FP32 band: it flips only near a midpoint

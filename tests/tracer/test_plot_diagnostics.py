@@ -162,6 +162,11 @@ def test_tree_findings_grid() -> None:
     assert ax.get_title().startswith("s @ step 2")
     assert "1 for the reference, 1 for the candidate" in ax.get_xlabel()
     plt.close(fig)
+    many = {"rows": [{"row": r, "reference": ["sequential"], "candidate": []} for r in range(40)]}
+    ax = ulptrace.plot_tree_findings(many, max_rows=5).axes[0]
+    assert len(ax.get_yticklabels()) == 5 and ax.get_ylabel() == "first 5 of 40 rows"
+    assert "1 for the reference, 0 for the candidate" in ax.get_xlabel()
+    plt.close(ax.figure)
     fig = ulptrace.plot_norm_rounding(midpoints(), findings)
     assert len(fig.axes) == 2
     plt.close(fig)
