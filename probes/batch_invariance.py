@@ -146,7 +146,8 @@ def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: A
         if step is not None:
             tie = near_tie(alone[prompt].generation.logits[step][0], gen.logits[step][row])
             entry.update(near_tie=tie["near_tie"], gap=tie["gap"], noise=tie["noise"],
-                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"])
+                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"],
+                         located=False)
         rows.append(entry)
     if not locate_rows:
         return rows
@@ -161,7 +162,7 @@ def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: A
         found = locate(wanted, batched, step, candidate_state=state, candidate_feed=feed, candidate_forced=reference,
                        judge=judge, max_ulp=max_ulp, sites=sites, metadata=metadata)
         for row, where in found.items():
-            rows[row].update(where)
+            rows[row].update(where, located=True)
     return rows
 
 

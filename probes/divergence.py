@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
-from ulptrace.oracle.judge import VERDICTS
+from ulptrace.oracle.judge import VERDICTS, WORSE_THAN_TIE
 from ulptrace.record import MemorySink, Recorder
 from ulptrace.run import DecodeState, RowSink, Session, greedy, step_from
 
@@ -150,6 +150,32 @@ class Side:
         return self.prompts.shape[0]
 
 
+class UntilOnset:
+    """A site judge (``OracleJudge``) that stops judging after the first record with a verdict worse than tie.
+
+    A located row reports its first onset only, and every record before it is judged as usual, so the
+    onset is the same; records after it get no verdicts (``note`` says why). On a re-run from the start
+    this spares judging everything after an early onset (most of a prefill, for a kernel path).
+    """
+
+    NOTE = "not judged: after this comparison's first verdict worse than tie (only the onset is reported)"
+
+    def __init__(self, judge: Any) -> None:
+        self.judge, self.done = judge, False
+
+    def __call__(self, reference: Any, candidate: Any) -> dict[str, Any] | None:
+        if self.done:
+            return {"verdicts": None, "note": self.NOTE}
+        out = self.judge(reference, candidate)
+        if out and any((out.get("verdicts") or {}).get(v) for v in WORSE_THAN_TIE):
+            self.done = True
+        return out
+
+
+def _comparator(reference: Any, judge: Any, max_ulp: int) -> StreamingComparator:
+    return StreamingComparator(reference, judge=None if judge is None else UntilOnset(judge), max_ulp=max_ulp)
+
+
 def _recorder(side: Side, sink: Any, sites: Sequence[Any] | None, metadata: dict[str, Any]) -> Recorder:
     return Recorder(side.model, sites=sites, sink=sink, path=side.path, metadata={**metadata, "mode": side.mode})
 
@@ -191,8 +217,7 @@ def locate(references: dict[int, tuple[Side, int]], candidate: Side, step: int, 
         return out
 
     def comparators(refs: dict[int, Any]) -> dict[int, StreamingComparator]:
-        return {row: StreamingComparator(refs[id(side)][0][ref_row], judge=judge, max_ulp=max_ulp)
-                for row, (side, ref_row) in references.items()}
+        return {row: _comparator(refs[id(side)][0][ref_row], judge, max_ulp) for row, (side, ref_row) in references.items()}
 
     result: dict[int, dict[str, Any]] = {}
     if step == 0:  # the prefill: nothing precedes it, so it is re-run as it was
@@ -270,8 +295,7 @@ def locate_from_start(references: dict[int, tuple[Side, int]], candidate: Side, 
             greedy(side.model, side.prompts, step + 1, forced=side.generation.tokens, mode=side.mode,
                    cache_len=side.cache_len)
         traces[id(side)] = {r: s.trace for r, s in sinks.items()}
-    comparators = {row: StreamingComparator(traces[id(side)][ref_row], judge=judge, max_ulp=max_ulp)
-                   for row, (side, ref_row) in references.items()}
+    comparators = {row: _comparator(traces[id(side)][ref_row], judge, max_ulp) for row, (side, ref_row) in references.items()}
     with _recorder(candidate, RowSink(candidate.batch, comparators), sites, meta):
         greedy(candidate.model, candidate.prompts, step + 1, forced=candidate_forced, mode=candidate.mode,
                cache_len=candidate.cache_len)
@@ -302,6 +326,8 @@ def where_it_began(row: dict[str, Any]) -> str:
     if row.get("onset") is None and row.get("first_difference") is None:
         return "not located" if row.get("accumulated") is None else "no record differs"
     how = "accumulated; from the start: " if row.get("accumulated") else "restored step: "
+    if row.get("location_from_attempt"):
+        how = f"(as attempt {row['location_from_attempt']}, the same generation bitwise) " + how
     if row.get("onset") is not None:
         return how + "onset " + describe_point(row["onset"])
     return how + "no onset (every difference a tie); first difference " + describe_point(row["first_difference"])

@@ -14,6 +14,7 @@ differences grow.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -77,49 +78,100 @@ def compare_states(reference: DecodeState, candidate: DecodeState) -> tuple[bool
     return equal, ulps
 
 
+class _Side:
+    """One side's session and how its forwards are recorded.
+
+    Each side normally has its own model and one recorder open for the whole run. When both sides run the
+    same path they share one model (a path such as ``kernels:fused`` patches state that two copies cannot
+    hold at once, e.g. the attention function): then the side that replays a CUDA graph keeps the open
+    recorder (it must be active when the graph is captured), paused while the other side runs, and the
+    other side records each forward with a recorder of its own, numbered as that step.
+    """
+
+    def __init__(self, model: Any, mode: str, max_len: int, path: str, sites: Any, meta: dict[str, Any]) -> None:
+        self.model, self.path, self.sites = model, path, sites
+        self.meta = {**meta, "mode": mode}
+        self.session = Session(model, mode, max_len=max_len)
+        self.sink = _StepSink()
+        self.recorder: Recorder | None = None  # the open one, when this side keeps one
+        self.other: _Side | None = None  # the side sharing this model, if any
+
+    def open(self) -> Recorder:
+        self.recorder = Recorder(self.model, sites=self.sites, sink=self.sink, path=self.path, metadata=self.meta)
+        return self.recorder
+
+    def run(self, step: int, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        other = self.other.recorder if self.other is not None else None
+        if other is not None:
+            other.pause()
+        try:
+            if self.recorder is not None:
+                return forward().clone()
+            with Recorder(self.model, sites=self.sites, sink=self.sink, path=self.path, metadata=self.meta) as rec:
+                rec.step = step - 1  # this forward is that step
+                return forward().clone()
+        finally:
+            if other is not None:
+                other.resume()
+
+
 def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the lockstep comparison of ``cfg.reference`` (``cfg.reference_mode``) and ``cfg.candidate``
-    (``cfg.candidate_mode``) over ``cfg.new_tokens`` steps; returns the report (``prefill`` and ``steps``)."""
+    (``cfg.candidate_mode``) over ``cfg.new_tokens`` steps; returns the report (``prefill`` and ``steps``).
+
+    Raises:
+        ValueError: both sides run the same path in ``graph`` mode (they share one model, and one model
+            replays the graphs of one recording session at a time).
+    """
     say = progress or (lambda msg: None)
+    shared = cfg.reference == cfg.candidate
+    if shared and cfg.reference_mode == cfg.candidate_mode == "graph":
+        raise ValueError(f"lockstep of path {cfg.reference!r} against itself with both modes graph is not supported "
+                         "(both sides share one model): expected --reference-mode eager or static")
     ref_model, cand_model, prompts = build_pair(cfg)
+    if shared:
+        cand_model = ref_model  # one model, its path applied once; see _Side
     max_len = cfg.cache_len or cfg.prompt_len + cfg.new_tokens
     judge = None
     entries: list[dict[str, Any]] = []
     meta = {"selection": {"sites": list(cfg.sites) if cfg.sites else None,
                           "kinds": list(cfg.kinds) if cfg.kinds else None, "layers": cfg.layers, "steps": None}}
-    with apply_path(ref_model, cfg.reference):
+    with ExitStack() as stack:
+        stack.enter_context(apply_path(ref_model, cfg.reference))
         if cfg.oracle:
             from ulptrace.verdicts import OracleJudge
 
             judge = OracleJudge(ref_model)  # before the candidate's path is applied
-        with apply_path(cand_model, cfg.candidate):
-            ref_sink, cand_sink = _StepSink(), _StepSink()
-            ref_session = Session(ref_model, cfg.reference_mode, max_len=max_len)
-            cand_session = Session(cand_model, cfg.candidate_mode, max_len=max_len)
-            say(f"lockstep: {cfg.reference} ({cfg.reference_mode}) vs {cfg.candidate} ({cfg.candidate_mode}), "
-                f"{'free-running' if free_running else 'candidate restored to the reference before every step'}")
-            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), sink=ref_sink, path=cfg.reference,
-                          metadata={**meta, "mode": cfg.reference_mode}), \
-                    Recorder(cand_model, sites=selected_sites(cand_model, cfg), sink=cand_sink, path=cfg.candidate,
-                             metadata={**meta, "mode": cfg.candidate_mode}):
-                ref_logits = ref_session.prefill(prompts).clone()
-                cand_logits = cand_session.prefill(prompts).clone()
-                entries.append(_entry(0, ref_logits, cand_logits, ref_session, cand_session, ref_sink, cand_sink,
-                                      judge, cfg.max_ulp, restored=False))
-                for step in range(1, cfg.new_tokens):
-                    tokens = ref_logits.argmax(-1, keepdim=True)
-                    ref_session.tokens = tokens
-                    if not free_running:
-                        cand_session.restore(ref_session.snapshot())
-                    cand_session.tokens = tokens
-                    ref_logits = ref_session.step(tokens)
-                    cand_logits = cand_session.step(tokens)
-                    entries.append(_entry(step, ref_logits, cand_logits, ref_session, cand_session, ref_sink,
-                                          cand_sink, judge, cfg.max_ulp, restored=not free_running))
-                    e = entries[-1]
-                    say(f"  step {step}: logits {'bitwise equal' if e['logits_bitwise_equal'] else 'differ'}, "
-                        f"states {'bitwise equal' if e['states_bitwise_equal'] else 'differ'}")
+        if not shared:
+            stack.enter_context(apply_path(cand_model, cfg.candidate))
+        ref = _Side(ref_model, cfg.reference_mode, max_len, cfg.reference, selected_sites(ref_model, cfg), meta)
+        cand = _Side(cand_model, cfg.candidate_mode, max_len, cfg.candidate, selected_sites(cand_model, cfg), meta)
+        if shared:
+            ref.other, cand.other = cand, ref
+            stack.enter_context((ref if cfg.reference_mode == "graph" else cand).open())
+        else:
+            stack.enter_context(ref.open())
+            stack.enter_context(cand.open())
+        say(f"lockstep: {cfg.reference} ({cfg.reference_mode}) vs {cfg.candidate} ({cfg.candidate_mode}), "
+            f"{'free-running' if free_running else 'candidate restored to the reference before every step'}"
+            + (" (one model: both sides run the same path)" if shared else ""))
+        ref_logits = ref.run(0, lambda: ref.session.prefill(prompts))
+        cand_logits = cand.run(0, lambda: cand.session.prefill(prompts))
+        entries.append(_entry(0, ref_logits, cand_logits, ref, cand, judge, cfg.max_ulp, restored=False))
+        for step in range(1, cfg.new_tokens):
+            tokens = ref_logits.argmax(-1, keepdim=True)
+            ref.session.tokens = tokens
+            if not free_running:
+                cand.session.restore(ref.session.snapshot())
+            cand.session.tokens = tokens
+            ref_logits = ref.run(step, lambda fed=tokens: ref.session.step(fed))
+            cand_logits = cand.run(step, lambda fed=tokens: cand.session.step(fed))
+            entries.append(_entry(step, ref_logits, cand_logits, ref, cand, judge, cfg.max_ulp,
+                                  restored=not free_running))
+            e = entries[-1]
+            say(f"  step {step}: logits {'bitwise equal' if e['logits_bitwise_equal'] else 'differ'}, "
+                f"states {'bitwise equal' if e['states_bitwise_equal'] else 'differ'}")
     steps = entries[1:]
     return {
         "schema": SCHEMA,
@@ -128,6 +180,7 @@ def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
         "reference": {"path": cfg.reference, "mode": cfg.reference_mode},
         "candidate": {"path": cfg.candidate, "mode": cfg.candidate_mode},
         "restored": not free_running,
+        "shared_model": shared,
         "prompts": list(prompts.shape),
         "new_tokens": cfg.new_tokens,
         "cache_len": None if cfg.reference_mode == cfg.candidate_mode == "eager" else max_len,
@@ -139,11 +192,10 @@ def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
     }
 
 
-def _entry(step: int, ref_logits: torch.Tensor, cand_logits: torch.Tensor, ref_session: Session,
-           cand_session: Session, ref_sink: _StepSink, cand_sink: _StepSink, judge: Any, max_ulp: int, *,
-           restored: bool) -> dict[str, Any]:
-    states_equal, ulps = compare_states(ref_session.snapshot(), cand_session.snapshot())
-    comparison = compare(ref_sink.take(), cand_sink.take(), judge=judge, max_ulp=max_ulp)
+def _entry(step: int, ref_logits: torch.Tensor, cand_logits: torch.Tensor, ref: _Side, cand: _Side, judge: Any,
+           max_ulp: int, *, restored: bool) -> dict[str, Any]:
+    states_equal, ulps = compare_states(ref.session.snapshot(), cand.session.snapshot())
+    comparison = compare(ref.sink.take(), cand.sink.take(), judge=judge, max_ulp=max_ulp)
     onset, first = onset_object(comparison)
     differing = [d for d in comparison.sites if not d.bitwise_equal]
     return {

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ulptrace.comparison import bitwise_equal
 from ulptrace.models import build_model
 from ulptrace.paths import apply_path, resolve_path
 from ulptrace.probes.divergence import (
@@ -55,6 +56,7 @@ class MatrixConfig:
     modes: Sequence[str] = ("eager", "graph")
     graph_attempts: int = 2
     locate: bool = True
+    locate_limit: int | None = None  # at most this many divergent rows located per path and mode (None: all)
 
     def attempts(self, mode: str) -> int:
         return self.graph_attempts if mode == "graph" else 1
@@ -67,6 +69,8 @@ class MatrixConfig:
         check_values("--modes", self.modes, kind="mode")
         for mode in self.modes:
             check_mode(mode, self.run.device, what="modes")
+        if self.locate_limit is not None and self.locate_limit < 0:
+            raise ValueError(f"--locate-limit must be >= 0 (0 locates no row), but got {self.locate_limit}")
         if self.graph_attempts < 1:
             raise ValueError(f"--graph-attempts must be >= 1 (each attempt is a fresh CUDA-graph capture), "
                              f"but got {self.graph_attempts}")
@@ -109,6 +113,8 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
     checks: list[dict[str, Any]] = []
     cache_len = cfg.cache_len
     meta = _selection(run)
+    budget = {(p, m): cfg.locate_limit if cfg.locate else 0 for p in cfg.candidates for m in cfg.modes}
+    earlier: dict[tuple, tuple[Any, list[dict[str, Any]]]] = {}  # an earlier attempt of the same configuration
     for seed in cfg.seeds:
         t0 = time.perf_counter()
         ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
@@ -143,8 +149,18 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
                                 candidate = Side(cand_model, path, mode, prompts, gen, cache_len)
                                 check = {"path": path, "mode": mode, "seed": seed, "batch": batch, "attempt": attempt}
                                 t0 = time.perf_counter()
-                                found = check_rows(reference, candidate, check, judge=judge, locate_rows=cfg.locate,
-                                                   max_ulp=run.max_ulp, sites=sites, metadata=meta)
+                                same = earlier.get((path, mode, seed, batch))
+                                if same is not None and same_generation(same[0], gen):
+                                    found = check_rows(reference, candidate, check, locate_limit=0)
+                                    reuse_locations(found, same[1])
+                                else:
+                                    found = check_rows(reference, candidate, check, judge=judge,
+                                                       locate_limit=budget[path, mode], max_ulp=run.max_ulp,
+                                                       sites=sites, metadata=meta)
+                                    earlier[path, mode, seed, batch] = (gen, found)
+                                if budget[path, mode] is not None:
+                                    budget[path, mode] -= sum(bool(r.get("located")) and "location_from_attempt"
+                                                              not in r for r in found)
                                 _sync(run.device)
                                 timing["locate_seconds"] += time.perf_counter() - t0
                                 exact = all(r["token_exact"] for r in found)
@@ -171,6 +187,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
                  "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
         "near_tie_rule": NEAR_TIE_RULE,
         "located": cfg.locate,
+        "locate_limit": cfg.locate_limit,
         "summary": summary,
         "rows": rows,
         "checks": checks,
@@ -178,13 +195,32 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
     }
 
 
+LOCATION_KEYS = ("accumulated", "restored_step_diverges", "onset", "first_difference", "located_by", "located")
+
+
+def same_generation(a: Any, b: Any) -> bool:
+    """Two generations (``Generation``) with bitwise the same tokens and logits at every step."""
+    return bool(torch.equal(a.tokens, b.tokens)) and len(a.logits) == len(b.logits) and \
+        all(bitwise_equal(x, y) for x, y in zip(a.logits, b.logits))
+
+
+def reuse_locations(rows: list[dict[str, Any]], earlier: list[dict[str, Any]]) -> None:
+    """Copy the locations of an earlier attempt whose generation was bitwise the same (``same_generation``):
+    its rows were located from the same states, tokens and logits. ``location_from_attempt`` says so."""
+    for row, before in zip(rows, earlier):
+        if not row["token_exact"] and before.get("located"):
+            row.update({k: before[k] for k in LOCATION_KEYS if k in before},
+                       location_from_attempt=before.get("location_from_attempt", before["attempt"]))
+
+
 def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge: Any = None,
-               locate_rows: bool = True, max_ulp: int = 0, sites: Sequence[Any] | None = None,
+               locate_limit: int | None = None, max_ulp: int = 0, sites: Sequence[Any] | None = None,
                metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One check's rows (``rows`` of the JSON): token-exact or the first divergent step, near-tie, location.
 
     Row ``r`` of the candidate is paired with row ``r`` of the reference (the same prompt in the same batch).
-    Rows that first diverge at the same step are located together (one traced re-run per step).
+    Rows that first diverge at the same step are located together (one traced re-run per step), earliest
+    step first, at most ``locate_limit`` rows (None: all); a divergent row says whether it was ``located``.
     """
     ref, cand = reference.generation, candidate.generation
     steps = first_divergent_steps(ref.tokens, cand.tokens)
@@ -195,18 +231,22 @@ def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge
         if step is not None:
             tie = near_tie(ref.logits[step][row], cand.logits[step][row])
             entry.update(near_tie=tie["near_tie"], gap=tie["gap"], noise=tie["noise"],
-                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"])
+                         reference_token=tie["reference_token"], candidate_token=tie["candidate_token"],
+                         located=False)
         rows.append(entry)
-    if not locate_rows:
-        return rows
+    left = len(rows) if locate_limit is None else locate_limit
     for step in sorted({s for s in steps if s is not None}):
         wanted = {row: (reference, row) for row, s in enumerate(steps) if s == step}
+        wanted = dict(list(wanted.items())[:max(left, 0)])
+        if not wanted:
+            break
+        left -= len(wanted)
         state = ref.states[step] if step else None
         feed = ref.tokens[:, step - 1:step] if step else None
         found = locate(wanted, candidate, step, candidate_state=state, candidate_feed=feed,
                        candidate_forced=ref.tokens, judge=judge, max_ulp=max_ulp, sites=sites, metadata=metadata)
         for row, where in found.items():
-            rows[row].update(where)
+            rows[row].update(where, located=True)
     return rows
 
 

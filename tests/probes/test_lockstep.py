@@ -64,6 +64,16 @@ def test_stored_state_corruption_shows_in_the_states_not_in_the_logits(monkeypat
         assert entry["max_ulp"]["layers.0.keys"] > 0 and entry["max_ulp"]["layers.0.values"] == 0
 
 
+def test_one_kernel_path_in_two_modes_shares_one_model() -> None:
+    """The main case's shape (one path, two modes): kernels:fused patches the attention function, which two
+    injected copies cannot share, so both sides run on one model; static against eager of the same path."""
+    cfg = RunConfig(model="tiny-llama", reference="kernels:fused", candidate="kernels:fused",
+                    candidate_mode="static", prompts=2, prompt_len=8, new_tokens=3)
+    report = run_lockstep(cfg)
+    assert report["shared_model"] and len(report["steps"]) == 2
+    assert report["prefill"]["records"] == report["steps"][0]["records"] > 0  # both sides recorded every step
+
+
 def test_graph_mode_on_cpu_exits_2(capsys) -> None:
     assert main(["lockstep", "--candidate-mode", "graph"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

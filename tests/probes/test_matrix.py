@@ -42,6 +42,47 @@ def test_near_tie_rule_on_constructed_logits() -> None:
     assert "top-1/top-2 logit gap" in NEAR_TIE_RULE
 
 
+def test_until_onset_stops_judging_after_the_first_verdict_worse_than_tie() -> None:
+    from ulptrace.probes.divergence import UntilOnset
+
+    verdicts = iter([{"tie": 3}, {"boundary": 1}, {"tie": 1}])
+    calls = []
+
+    def judge(reference, candidate):
+        calls.append(reference)
+        return {"verdicts": next(verdicts)}
+
+    until = UntilOnset(judge)
+    assert [until(i, i)["verdicts"] for i in range(3)] == [{"tie": 3}, {"boundary": 1}, None]
+    assert calls == [0, 1] and until(9, 9)["note"] == UntilOnset.NOTE
+
+
+def test_rows_of_a_check_without_locating_and_locations_reused_from_an_identical_attempt() -> None:
+    from ulptrace.probes.divergence import Generation, Side
+    from ulptrace.probes.matrix import check_rows, reuse_locations, same_generation
+
+    logits = [torch.tensor([[0.0, 1.0, 0.5], [0.0, 1.0, 0.75]]) for _ in range(3)]
+    ref = Generation(torch.tensor([[1, 1, 1], [1, 1, 1]]), logits)
+    flipped = [logits[0], torch.tensor([[0.0, 1.0, 0.5], [0.0, 1.0, 1.25]]), logits[2]]
+    cand = Generation(torch.tensor([[1, 1, 1], [1, 2, 1]]), flipped)
+    prompts = torch.zeros(2, 4, dtype=torch.long)
+    check = {"path": "p", "mode": "graph", "seed": 0, "batch": 2, "attempt": 1}
+    rows = check_rows(Side(None, "hf", "eager", prompts, ref), Side(None, "p", "graph", prompts, cand), check,
+                      locate_limit=0)
+    assert [r["first_divergent_step"] for r in rows] == [None, 1]
+    assert rows[1]["near_tie"] is True and rows[1]["gap"] == 0.25 and rows[1]["noise"] == 0.5
+    assert rows[1]["located"] is False and rows[1]["onset"] is None and rows[0]["token_exact"]
+    again = Generation(cand.tokens.clone(), [x.clone() for x in cand.logits])
+    assert same_generation(cand, again)
+    assert not same_generation(cand, Generation(cand.tokens, [logits[0], logits[1], logits[2]]))
+    rows[1].update(located=True, accumulated=False, onset={"site": "s"}, located_by="restored")
+    second = check_rows(Side(None, "hf", "eager", prompts, ref), Side(None, "p", "graph", prompts, again),
+                        {**check, "attempt": 2}, locate_limit=0)
+    reuse_locations(second, rows)
+    assert second[1]["onset"] == {"site": "s"} and second[1]["location_from_attempt"] == 1
+    assert second[1]["attempt"] == 2 and "location_from_attempt" not in second[0]
+
+
 def test_first_divergent_steps() -> None:
     ref = torch.tensor([[1, 2, 3], [1, 2, 3], [4, 5, 6]])
     cand = torch.tensor([[1, 2, 3], [1, 9, 9], [0, 5, 6]])

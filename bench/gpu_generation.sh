@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Generation diagnostics (issue 12) on qwen3.5-0.8b (seeded random BF16 weights), one device call, everything
+# under $OUT (reports, figures, one log per command, timings in phases.txt):
+#   matrix   - `ulptrace matrix` for hf, kernels:faithful, kernels:fused against HF eager: seeds x batches x
+#              (eager + graph attempts, each a fresh capture), 128 prompt + 16 new tokens, every divergent row
+#              located; then bench/bench_matrix.py: the matrix's time against bare generation of the same checks
+#   lockstep - `ulptrace lockstep` graph vs static eager, 15 decode steps, for hf and for kernels:fused
+#   batch    - `ulptrace batch-invariance` of hf at batches 1 2 4 8
+# Usage on the device machine:  OUT=/dir bash bench/gpu_generation.sh [PHASE ...]   (default: matrix lockstep batch)
+# Sizes (environment): SEEDS="0 1" BATCHES="1 2 4 8" ATTEMPTS=2 PROMPT_LEN=128 NEW_TOKENS=16 PROMPTS=8
+#   PATHS="hf kernels:faithful kernels:fused" LOCKSTEP_PATHS="hf kernels:fused" MODEL=qwen3.5-0.8b
+#   (a CPU smoke run of the script: DEVICE=cpu MODES="eager static" LOCKSTEP_MODE=static SKIP_INSTALL=1, tiny sizes)
+# The whole default run is estimated at 6-10 minutes on an H200 (most of it locating divergent rows); if one
+# call cannot hold it, run `matrix` in one call and `lockstep batch` in the next, or shrink SEEDS/BATCHES.
+set -uo pipefail
+: "${OUT:?set OUT to the output directory}"
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
+MODEL=${MODEL:-qwen3.5-0.8b}
+SEEDS=${SEEDS:-0 1}
+BATCHES=${BATCHES:-1 2 4 8}
+ATTEMPTS=${ATTEMPTS:-2}
+PROMPT_LEN=${PROMPT_LEN:-128}
+NEW_TOKENS=${NEW_TOKENS:-16}
+PROMPTS=${PROMPTS:-8}
+PATHS=${PATHS:-hf kernels:faithful kernels:fused}
+LOCKSTEP_PATHS=${LOCKSTEP_PATHS:-hf kernels:fused}
+DEVICE=${DEVICE:-cuda}
+MODES=${MODES:-eager graph}
+LOCKSTEP_MODE=${LOCKSTEP_MODE:-graph}
+PHASES=${*:-matrix lockstep batch}
+mkdir -p "$OUT"
+phase() {  # phase NAME COMMAND...: run, log to $OUT/NAME.log, record rc and wall time
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: rc=$rc, $((SECONDS - start)) s" | tee -a "$OUT/phases.txt"
+  grep -v '^\[ulptrace\]' "$OUT/$name.log" | tail -n 25
+  return 0
+}
+
+start_all=$SECONDS
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 \
+    || { echo "install failed"; tail "$OUT/install.log"; exit 1; }
+fi
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  git rev-parse --short HEAD 2>/dev/null; date -u; } > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+if [ "$DEVICE" != cpu ]; then  # build once, outside the timed matrix (the extension is cached in $TORCH_EXTENSIONS_DIR)
+  phase kernels_build python3 -c "from ulptrace.kernels import _build; _build.extension(); print('kernels built')"
+fi
+
+run="--model $MODEL --device $DEVICE --prompt-len $PROMPT_LEN --new-tokens $NEW_TOKENS"
+for p in $PHASES; do
+  case $p in
+    matrix)
+      # shellcheck disable=SC2086
+      phase matrix python3 -m ulptrace matrix $run --candidate $PATHS --seeds $SEEDS --batches $BATCHES \
+          --modes $MODES --graph-attempts "$ATTEMPTS" \
+          --json "$OUT/matrix.json" --markdown "$OUT/matrix.md" --plot "$OUT/matrix.png"
+      if [ -s "$OUT/matrix.json" ]; then
+        phase bench_matrix python3 bench/bench_matrix.py --matrix-json "$OUT/matrix.json" --json "$OUT/bench_matrix.json"
+      fi
+      ;;
+    lockstep)
+      for path in $LOCKSTEP_PATHS; do
+        tag=${path//:/_}
+        # shellcheck disable=SC2086
+        phase "lockstep_$tag" python3 -m ulptrace lockstep $run --prompts "$PROMPTS" --reference "$path" \
+            --candidate "$path" --reference-mode static --candidate-mode "$LOCKSTEP_MODE" \
+            --json "$OUT/lockstep_$tag.json" --plot "$OUT/lockstep_$tag.png"
+      done
+      ;;
+    batch)
+      # shellcheck disable=SC2086
+      phase batch_invariance python3 -m ulptrace batch-invariance $run --path hf --batches $BATCHES \
+          --prompts "$PROMPTS" --json "$OUT/batch_invariance.json" --markdown "$OUT/batch_invariance.md" \
+          --plot "$OUT/batch_invariance.png"
+      ;;
+    *) echo "unknown phase $p (expected matrix, lockstep or batch)"; exit 2 ;;
+  esac
+done
+echo "all phases: $((SECONDS - start_all)) s" | tee -a "$OUT/phases.txt"
