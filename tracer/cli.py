@@ -84,7 +84,8 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
     return RunConfig(**fields)
 
 
-def _progress(msg: str) -> None:
+def report_progress(msg: str) -> None:
+    """One progress line on stderr (every command, and ``trace_norm_rounding``, reports this way)."""
     print(f"[ulptrace] {msg}", file=sys.stderr, flush=True)
 
 
@@ -98,10 +99,10 @@ def emit(data: dict[str, Any], args: argparse.Namespace, table: str) -> None:
         print(table)
         if args.json:
             Path(args.json).write_text(to_json(data))
-            _progress(f"JSON report written to {args.json}")
+            report_progress(f"JSON report written to {args.json}")
     if args.markdown:
         Path(args.markdown).write_text(to_markdown(data, all_rows=args.all))
-        _progress(f"markdown report written to {args.markdown}")
+        report_progress(f"markdown report written to {args.markdown}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -148,7 +149,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             writer.abort()
             raise
         writer.close({**rec.metadata, "tokens": tokens.tolist()})
-    _progress(f"trace written to {args.out}")
+    report_progress(f"trace written to {args.out}")
     return 0
 
 
@@ -163,7 +164,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not args.no_oracle:
             from ulptrace.verdicts import judge_for_trace
 
-            judge = judge_for_trace(reference.metadata, progress=_progress, stack=stack,
+            judge = judge_for_trace(reference.metadata, progress=report_progress, stack=stack,
                                     judge_reference=args.check_reference)
         comparison = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp)
     data = comparison.to_json(allow=parity_allow(args))
@@ -182,11 +183,11 @@ def cmd_onset(args: argparse.Namespace) -> int:
     if args.tp is not None:  # one process per rank under torchrun; rank 0 reports
         from ulptrace.probes.tp_onset import run_onset_tp
 
-        comparison, info = run_onset_tp(cfg, args.tp, progress=_progress)
+        comparison, info = run_onset_tp(cfg, args.tp, progress=report_progress)
         if comparison is None:
             return 0
     else:
-        comparison, info = run_onset(cfg, progress=_progress)
+        comparison, info = run_onset(cfg, progress=report_progress)
     data = comparison.to_json(allow=parity_allow(args))
     data["run"] = info
     flip = info["first_token_flip"]
@@ -266,11 +267,11 @@ def run_cli(fn: Any, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_transformers()
+    quiet_transformers()
     return run_cli(args.fn, args)
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
     """Keep HF's one-time fallback notices (no fla/causal-conv1d) out of reports; they go to the log."""
     try:
         from transformers.utils import logging
