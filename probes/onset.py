@@ -27,6 +27,7 @@ from ulptrace.run import (
     check_observation,
     first_flip,
     greedy,
+    observation_note,
     run_metadata,
     selected_sites,
 )
@@ -38,7 +39,7 @@ def selection(cfg: RunConfig) -> dict[str, Any]:
     """The run's site selection, kept in trace metadata: with one, the comparison is not ``complete`` and the
     onset rules that need every earlier record (``unobserved``, records without inputs) do not apply."""
     return {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
-            "layers": cfg.layers, "steps": cfg.steps}
+            "layers": cfg.layers, "steps": cfg.steps, "observed": observation_note(cfg)}
 
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
@@ -71,9 +72,11 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
             raise
+        rec.metadata["path_info"] = ref_applied.info  # read after the run: a path may report what ran
         if isinstance(ref_sink, TraceWriter):
             ref_sink.close(rec.metadata)
         reference = LazyTrace(reference_dir) if isinstance(ref_sink, TraceWriter) else rec.trace
+        reference.metadata["path_info"] = rec.metadata["path_info"]
         if cfg.check_observation:
             info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
                                                     mode=cfg.reference_mode, cache_len=cfg.cache_len)
@@ -86,10 +89,22 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
             meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
+            final_cand: dict[int, torch.Tensor] = {}
             with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
                           path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
                 cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
-                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len)
+                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len,
+                                     on_logits=lambda s, l: final_cand.__setitem__(s, l.clone()))
+            if cfg.check_observation:  # the candidate too: observing a compiled graph can change what it computes
+                say("re-running the candidate untraced (observation check)")
+                cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,
+                                                  mode=cfg.candidate_mode, cache_len=cfg.cache_len)
+                ref_observed = info["observation"]
+                info["observation"] = {
+                    **ref_observed, "candidate": cand_observed,
+                    "bitwise_equal": ref_observed["bitwise_equal"] and cand_observed["bitwise_equal"],
+                    "differing_steps": sorted(set(ref_observed["differing_steps"]) | set(cand_observed["differing_steps"])),
+                    "what": "final-position logits of a traced vs an untraced run of each side, every step"}
             sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
     comparison.observation = info.get("observation")

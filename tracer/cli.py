@@ -114,10 +114,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_paths(args: argparse.Namespace) -> int:
-    from ulptrace.paths import list_paths
+    from ulptrace.paths import list_paths, unavailable
 
     for name, description in list_paths().items():
-        print(f"{name:<18} {description}")
+        missing = unavailable(name)
+        print(f"{name:<18} {description}" + (f" [not available here: {missing}]" if missing else ""))
     print(f"{'hf:attn=<impl>':<18} HF with another attention implementation")
     print(f"{'pkg.module:fn':<18} your own function fn(model) that patches the model in place")
     return 0

@@ -49,6 +49,19 @@ NORM_SCALES: dict[str, str] = {
 GATED_NORMS: tuple[str, ...] = ("Qwen3_5RMSNormGated",)
 """Gated RMSNorms (``norm(x) * silu(gate)``, the GatedDeltaNet output norm)."""
 
+LIGER_PATCHES: dict[str, str] = {
+    "Qwen3_5ForCausalLM": "apply_liger_kernel_to_qwen3_5",
+    "Qwen3_5ForConditionalGeneration": "apply_liger_kernel_to_qwen3_5",
+    "Qwen3NextForCausalLM": "apply_liger_kernel_to_qwen3_next",
+    "LlamaForCausalLM": "apply_liger_kernel_to_llama",
+    "Qwen2ForCausalLM": "apply_liger_kernel_to_qwen2",
+    "Qwen3ForCausalLM": "apply_liger_kernel_to_qwen3",
+    "MistralForCausalLM": "apply_liger_kernel_to_mistral",
+    "GemmaForCausalLM": "apply_liger_kernel_to_gemma",
+    "Gemma2ForCausalLM": "apply_liger_kernel_to_gemma2",
+}
+"""Liger-Kernel's patch function (in ``liger_kernel.transformers``) for each model class (the ``liger`` path)."""
+
 
 def family_of(model: Any) -> str | None:
     """The family of ``model``'s architecture (a key of :data:`ARCHITECTURES`), or None."""

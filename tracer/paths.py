@@ -63,10 +63,16 @@ def _import(target: str) -> PathFn:
 
 
 def resolve_path(name: str) -> PathFn:
-    """The function for path ``name``; raises ``KeyError`` listing the known names."""
+    """The function for path ``name``; raises ``KeyError`` listing the known names, and
+    ``ulptrace.thirdparty.MissingDependency`` (a ``ValueError``) naming what to install for a path whose
+    package is missing (a path function's ``require()``, called here)."""
     spec = _REGISTRY.get(name)
     if spec is not None:
-        return _import(spec.target) if isinstance(spec.target, str) else spec.target
+        return _required(_import(spec.target) if isinstance(spec.target, str) else spec.target)
+    if name.startswith("hf:fla="):  # flash-linear-attention from a folder of its own
+        from ulptrace.thirdparty import fla_path_in
+
+        return _required(fla_path_in(name.split("=", 1)[1]))
     if name.startswith("hf:attn="):
         return _set_attention(name.split("=", 1)[1])
     if name.startswith("fault:"):
@@ -79,6 +85,25 @@ def resolve_path(name: str) -> PathFn:
     known = ", ".join(list(_REGISTRY) + ["hf:attn=<eager|sdpa|...>", "fault:SITE@STEP[+ULPS]",
                                          "package.module:function"])
     raise KeyError(f"unknown path {name!r}: expected one of {known}")
+
+
+def _required(fn: PathFn) -> PathFn:
+    require = getattr(fn, "require", None)
+    if callable(require):
+        require()
+    return fn
+
+
+def unavailable(name: str) -> str | None:
+    """Why path ``name`` cannot run here (what to install), or None; for the paths of libraries ulptrace
+    did not write (``ulptrace.thirdparty``), None for every other name."""
+    spec = _REGISTRY.get(name)
+    target = spec.target if spec is not None else None
+    if name.startswith("hf:fla=") or (isinstance(target, str) and target.startswith("ulptrace.thirdparty:")):
+        from ulptrace import thirdparty
+
+        return thirdparty.unavailable(name, folder=name.split("=", 1)[1] if name.startswith("hf:fla=") else None)
+    return None
 
 
 class Applied:
@@ -142,3 +167,15 @@ register_path("kernels:faithful", "ulptrace.kernels.inject:faithful",
               "ulptrace's kernels keeping HF's rounding points (CUDA on GPU, references on CPU)")
 register_path("kernels:fused", "ulptrace.kernels.inject:fused",
               "ulptrace's kernels in fused mode: FP32 inside, one final rounding (CUDA on GPU, references on CPU)")
+# libraries ulptrace did not write (ulptrace.thirdparty, imported only when one of these is resolved)
+register_path("compile", "ulptrace.thirdparty:compile_path",
+              "torch.compile (Inductor): the whole model compiled in place; observed only where Inductor materialises")
+register_path("compile:emulate", "ulptrace.thirdparty:compile_emulate_path",
+              "as compile, with torch._inductor.config.emulate_precision_casts (eager's BF16 roundings kept)")
+register_path("liger", "ulptrace.thirdparty:liger_path",
+              "Liger-Kernel's patch for the model's family (pip install 'ulptrace[liger]')")
+register_path("hf:fla", "ulptrace.thirdparty:fla_path",
+              "HF with flash-linear-attention's GatedDeltaNet scan (pip install 'ulptrace[fla]', or a folder: "
+              "ULPTRACE_FLA_DIR or hf:fla=DIR); judged against hf:scan=torch")
+register_path("hf:scan=torch", "ulptrace.thirdparty:torch_scan_path",
+              "HF with its torch GatedDeltaNet scan, also where HF bound flash-linear-attention at import")

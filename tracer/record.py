@@ -17,6 +17,14 @@ Sinks decide what is kept:
 Observation never changes numerics: hooks only read (tensors are cloned), and
 ``check_observation`` re-runs the model untraced to prove the final logits are bitwise equal.
 
+torch.compile: when the model is compiled in place (``model.compile()``), hooks run inside the compiled
+graph, so they do nothing there but copy the values the selected sites need (each copy a graph output) into
+one list; the recorder calls the compiled model through a wrapper of its own that counts the step before the
+call and, after it, turns that list into records and hands them to the sink — outside the graph, so a sink
+(a streaming comparison, the oracle) is never traced into it and no Python state that changes per step is
+read inside it. Which sites can be observed without changing what Inductor computes is the path's business
+(``ulptrace.thirdparty.compile_observable_sites``).
+
 CUDA graphs: hooks fire while a graph is captured, never when it replays. Between
 ``begin_capture()`` and ``end_capture()`` (``ulptrace.run.Session`` calls them) the recorder copies
 what it observes into tensors allocated inside the capture — buffers that belong to the graph and are
@@ -39,6 +47,7 @@ from ulptrace.trace import Record, Trace, library_versions
 
 _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
 RECORDERS_ATTR = "__ulptrace_recorders__"  # the model's active recorders, for ulptrace.run
+_FROM_INPUT = object()  # compiled mode: a norm's residual is its own input (resolved after the graph ran)
 
 
 class Sink(Protocol):
@@ -183,6 +192,8 @@ class Recorder:
         self._paused = 0
         self._capturing = False
         self._templates: list[Record] = []  # records of a captured graph step (their tensors are graph buffers)
+        self._compiled = False  # the model is compiled in place: hooks queue copies, records are made after the call
+        self._queue: list[tuple[str, str, Any]] = []  # compiled mode: ("obs", path, values) / ("call", path, None)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -255,7 +266,11 @@ class Recorder:
 
     def _install(self) -> None:
         model = self.model
-        self._handles.append(model.register_forward_pre_hook(self._on_step))
+        compiled = model.__dict__.get("_compiled_call_impl")
+        if compiled is not None:
+            self._install_compiled(compiled)
+        else:
+            self._handles.append(model.register_forward_pre_hook(self._on_step))
         per_module: dict[str, set[str]] = defaultdict(set)
         for obs in self._needed:
             per_module[obs.module].add(obs.at)
@@ -287,6 +302,47 @@ class Recorder:
         elif taps:  # an attention module: the core runs through the attention interface
             self._install_attention_tap()
 
+    def _install_compiled(self, compiled: Callable[..., Any]) -> None:
+        """Call the compiled model through a wrapper: the step is counted before the call and the queued
+        copies become records after it, both outside the compiled graph."""
+        model = self.model
+        self._compiled = True
+        self._module_paths()  # built now, not inside the graph
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._on_step(model, args)
+            del self._queue[:]
+            try:
+                return compiled(*args, **kwargs)
+            finally:
+                self._drain()
+
+        model.__dict__["_compiled_call_impl"] = call
+
+        class _Unwrap:
+            def remove(self) -> None:
+                if model.__dict__.get("_compiled_call_impl") is call:
+                    model.__dict__["_compiled_call_impl"] = compiled
+
+        self._handles.append(_Unwrap())
+
+    def _drain(self) -> None:
+        """Compiled mode: make records of what the graph's hooks queued, in order, as the hooks would have."""
+        queued, self._queue[:] = list(self._queue), []
+        self._compiled = False  # _observe and _emit work as in eager mode while the queue is replayed
+        try:
+            if self._paused or self.step < 0 or (self.steps is not None and self.step not in self.steps):
+                return
+            for kind, path, values in queued:
+                if kind == "call":
+                    self._calls[path] += 1
+                    continue
+                if values.get("residual", None) is _FROM_INPUT:
+                    values["residual"] = self._buffer.get(f"{path}:in0")
+                self._observe(path, values)
+        finally:
+            self._compiled = True
+
     def _has_tap(self, namespace: Any, name: str) -> bool:
         return (id(namespace), name) in self._tapped
 
@@ -308,6 +364,8 @@ class Recorder:
     def _recording(self) -> bool:
         if self._paused:
             return False
+        if self._compiled:  # the step filter applies when the queue is drained (no per-step state in the graph)
+            return True
         if self._capturing:  # every step a replay may stand for; replayed() applies the step filter
             return True
         return self.step >= 0 and (self.steps is None or self.step in self.steps)
@@ -341,11 +399,15 @@ class Recorder:
             if "residual" in ats:
                 # fused add+norm returns (normed, residual); HF's norm input already is the residual
                 second = _first_tensor(output, 1) if isinstance(output, (tuple, list)) else None
-                values["residual"] = second if second is not None else self._buffer.get(f"{path}:in0")
+                fallback = _FROM_INPUT if self._compiled else self._buffer.get(f"{path}:in0")
+                values["residual"] = second if second is not None else fallback
             if ats & {"state.conv", "state.recurrent"}:
                 values.update(self._gdn_states(module, kwargs))
             self._observe(path, values)
-            self._calls[path] += 1
+            if self._compiled:
+                self._queue.append(("call", path, None))
+            else:
+                self._calls[path] += 1
 
         return hook
 
@@ -414,7 +476,12 @@ class Recorder:
             self._paths = {id(m): name for name, m in self.model.named_modules()}
         return self._paths
 
-    def _observe(self, path: str, values: dict[str, torch.Tensor | None]) -> None:
+    def _observe(self, path: str, values: dict[str, Any]) -> None:
+        if self._compiled:  # inside the graph: copy what is needed, make records after the call (_drain)
+            needed = {at: (v if v is None or v is _FROM_INPUT else _copy(v)) for at, v in values.items()
+                      if Obs(path, at) in self._needed}
+            self._queue.append(("obs", path, needed))
+            return
         fired = []
         for at, value in values.items():
             key = f"{path}:{at}"

@@ -605,6 +605,15 @@ def selected_sites(model: Any, cfg: RunConfig) -> list:
 
     table = site_table(model)
     chosen = select(table, cfg.sites, cfg.kinds, check_range(cfg.layers, "layers"))
+    limited = observation_limits(cfg)
+    if chosen and limited:  # a path observable only at some sites (torch.compile): both sides record those
+        observable = chosen
+        for _, restrict in limited:
+            observable = restrict(model, observable)
+        if not observable:
+            raise ValueError(f"the selection has no site that can be observed without changing the numerics of "
+                             f"{observation_note(cfg)} (e.g. --sites 'layers.*.mlp.glu' logits)")
+        return observable
     if chosen:
         return chosen
     layers = sorted({s.layer for s in table if s.layer is not None})
@@ -621,11 +630,49 @@ def selected_sites(model: Any, cfg: RunConfig) -> list:
     raise ValueError(f"the selection {', '.join(given) or '(everything)'} matches no site: {has}")
 
 
+def observation_limits(cfg: RunConfig) -> list[tuple[str, Callable[[Any, list], list]]]:
+    """The paths of ``cfg`` that can be observed without changing their numerics only at some sites, each with
+    the function that keeps those sites (a path function's ``observable_sites`` attribute; ``compile`` and
+    ``compile:emulate`` have one, see ``ulptrace.thirdparty``). Both sides of a comparison record the same
+    sites, so a limit of either path applies to both."""
+    from ulptrace.paths import resolve_path
+
+    out = []
+    for name in dict.fromkeys((cfg.reference, cfg.candidate)):
+        restrict = getattr(resolve_path(name), "observable_sites", None)
+        if callable(restrict):
+            out.append((name, restrict))
+    return out
+
+
+def observation_note(cfg: RunConfig) -> str | None:
+    """What the run could observe when a path limits it (the ``observed`` entry of a trace's ``selection``:
+    with one, the comparison is not ``complete``); None when nothing limits it."""
+    from ulptrace.paths import resolve_path
+
+    limited = observation_limits(cfg)
+    if not limited:
+        return None
+    return "; ".join(f"{name}: {getattr(resolve_path(name), 'observed', 'some sites')}" for name, _ in limited)
+
+
+def paired_reference(reference: str, candidate: str) -> str:
+    """The path to run as the reference of ``candidate``: ``reference`` itself, unless it is ``hf`` and the
+    candidate's path declares the HF reference it must be judged against (its function's ``reference``
+    attribute: ``hf:fla`` is judged against ``hf:scan=torch``, HF's torch scan even where HF bound
+    flash-linear-attention at import)."""
+    from ulptrace.paths import resolve_path
+
+    paired = getattr(resolve_path(candidate), "reference", None)
+    return paired if reference == "hf" and isinstance(paired, str) else reference
+
+
 def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
     """Two copies of ``cfg.model`` (same seed: same weights) and the seeded prompts.
 
     Everything that can be checked without a model (paths, modes, dtype, device, ranges) is
-    checked first, so bad input fails before minutes of model building.
+    checked first, so bad input fails before minutes of model building. A reference of ``hf`` becomes the
+    candidate's paired reference where it declares one (``paired_reference``; ``cfg.reference`` is updated).
     """
     from ulptrace.models import build_model
     from ulptrace.paths import resolve_path
@@ -633,6 +680,7 @@ def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
 
     cfg.validate()
     resolve_path(cfg.reference), resolve_path(cfg.candidate)
+    cfg.reference = paired_reference(cfg.reference, cfg.candidate)
     parse_range(cfg.steps), parse_range(cfg.layers)
     dtype = torch_dtype(cfg.dtype)
     ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
