@@ -24,7 +24,7 @@ from ulptrace.probes.divergence import describe_point, onset_object
 from ulptrace.record import Recorder
 from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites
 from ulptrace.trace import Trace
-from ulptrace.ulp import FORMATS, ulp_distance
+from ulptrace.ulp import FORMATS, row_ulp_distance, ulp_distance
 
 SCHEMA = "ulptrace.lockstep"
 
@@ -61,21 +61,37 @@ def _max_ulp(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(finite.max()) if finite.numel() else 0
 
 
-def compare_states(reference: DecodeState, candidate: DecodeState) -> tuple[bool, dict[str, int | None]]:
-    """(every state tensor bitwise equal, max ULP per tensor name); the candidate is moved to the reference's
-    cache layout first (``adapt_state``), so a static cache is compared on its live positions."""
+def _max_row_ulp(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """Greatest difference in ULPs of the row's magnitude (``ulptrace.ulp.row_ulp_distance``): an element next
+    to zero that moved by millions of its own ULPs is a fraction of its row's ULP. None when not measurable."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.dtype not in FORMATS:
+        return None
+    if a.numel() == 0:
+        return 0.0
+    dist = row_ulp_distance(a, b)
+    finite = dist.distance[~dist.nonfinite]
+    return float(finite.max()) if finite.numel() else 0.0
+
+
+def compare_states(reference: DecodeState, candidate: DecodeState
+                   ) -> tuple[bool, dict[str, int | None], dict[str, float | None]]:
+    """(every state tensor bitwise equal, max ULP per tensor name, max row ULP per tensor name); the candidate
+    is moved to the reference's cache layout first (``adapt_state``), so a static cache is compared on its live
+    positions."""
     candidate = adapt_state(candidate, reference.cache)
     ref, cand = reference.tensors(), candidate.tensors()
     equal = ref.keys() == cand.keys()
     ulps: dict[str, int | None] = {}
+    rows: dict[str, float | None] = {}
     for name in ref:
         if name not in cand:
-            ulps[name] = None
+            ulps[name] = rows[name] = None
             continue
         same = bitwise_equal(ref[name], cand[name])
         equal = equal and same
         ulps[name] = 0 if same else _max_ulp(ref[name], cand[name])
-    return equal, ulps
+        rows[name] = 0.0 if same else _max_row_ulp(ref[name], cand[name])
+    return equal, ulps, rows
 
 
 class _Side:
@@ -194,7 +210,7 @@ def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
 
 def _entry(step: int, ref_logits: torch.Tensor, cand_logits: torch.Tensor, ref: _Side, cand: _Side, judge: Any,
            max_ulp: int, *, restored: bool) -> dict[str, Any]:
-    states_equal, ulps = compare_states(ref.session.snapshot(), cand.session.snapshot())
+    states_equal, ulps, row_ulps = compare_states(ref.session.snapshot(), cand.session.snapshot())
     comparison = compare(ref.sink.take(), cand.sink.take(), judge=judge, max_ulp=max_ulp)
     onset, first = onset_object(comparison)
     differing = [d for d in comparison.sites if not d.bitwise_equal]
@@ -204,12 +220,17 @@ def _entry(step: int, ref_logits: torch.Tensor, cand_logits: torch.Tensor, ref: 
         "logits_bitwise_equal": bitwise_equal(ref_logits, cand_logits),
         "states_bitwise_equal": states_equal,
         "max_ulp": {"logits": _max_ulp(ref_logits, cand_logits), **ulps},
+        "max_row_ulp": {"logits": _max_row_ulp(ref_logits, cand_logits), **row_ulps},
         "tokens_equal": bool(torch.equal(ref_logits.argmax(-1), cand_logits.argmax(-1))),
         "records": len(comparison.sites),
         "differing_records": len(differing),
         "onset": onset,
         "first_difference": first,
     }
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
 
 
 def to_table(report: dict[str, Any]) -> str:
@@ -221,16 +242,19 @@ def to_table(report: dict[str, Any]) -> str:
              f"{report['prompts'][0]}x{report['prompts'][1]}: {cand['path']} ({cand['mode']}) vs {ref['path']} "
              f"({ref['mode']}), {how}; both fed the reference's greedy tokens")
     lines = [title, ""]
-    head = ["step", "logits", "states", "worst state (ulp)", "records differing", "onset / first difference"]
+    head = ["step", "logits ulp (row ulp)", "states", "worst state: ulp (row ulp)", "records differing",
+            "onset / first difference"]
     body = [head]
     for e in [report["prefill"]] + report["steps"]:
-        states = {k: v for k, v in e["max_ulp"].items() if k != "logits"}
-        worst = max(states.items(), key=lambda kv: -1 if kv[1] is None else kv[1], default=None)
+        rows = {k: v for k, v in e["max_row_ulp"].items() if k != "logits"}
+        worst = max(rows, key=lambda k: -1.0 if rows[k] is None else rows[k], default=None)
         body.append([
             "0 (prefill)" if e["step"] == 0 else str(e["step"]),
-            "bitwise" if e["logits_bitwise_equal"] else f"{e['max_ulp']['logits']} ulp",
+            "bitwise" if e["logits_bitwise_equal"] else
+            f"{e['max_ulp']['logits']} ({_number(e['max_row_ulp']['logits'])})",
             "bitwise" if e["states_bitwise_equal"] else "differ",
-            "-" if e["states_bitwise_equal"] or worst is None else f"{worst[0]}: {worst[1]}",
+            "-" if e["states_bitwise_equal"] or worst is None else
+            f"{worst}: {e['max_ulp'][worst]} ({_number(rows[worst])})",
             f"{e['differing_records']}/{e['records']}",
             ("onset " + describe_point(e["onset"])) if e["onset"] else
             ("none" if e["first_difference"] is None else "no onset; first difference "
@@ -239,7 +263,11 @@ def to_table(report: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in body) for i in range(len(head))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
     steps = report["steps"]
-    lines += ["", f"decode steps bitwise identical (logits and every state tensor): {report['bitwise_steps']} of {len(steps)}"]
+    summary = (f"decode steps bitwise identical (logits and every state tensor): {report['bitwise_steps']} of "
+               f"{len(steps)}")
+    legend = ("ulp: the largest distance of an element in ULPs of its own dtype; row ulp: in ULPs of its row's "
+              "largest magnitude (the last dimension), which a near-zero element cannot inflate")
+    lines += ["", summary, legend]
     return "\n".join(lines)
 
 

@@ -585,7 +585,7 @@ def plot_matrix(report: dict[str, Any], ax: Any = None, *, title: str | None = N
                Line2D([], [], marker="X", color="black", linestyle="none", label="not a near-tie"),
                Line2D([], [], marker=".", color="#bdbdbd", linestyle="none", label="token-exact row")]
     handles += [Line2D([], [], marker="s", color=VERDICT_COLORS[v], linestyle="none", label=f"began: {v}")
-                for v in ("tie", "boundary", "error", "nonfinite")]
+                for v in VERDICTS[1:]]
     handles.append(Line2D([], [], marker="s", color=VERDICT_COLORS["unjudged"], linestyle="none",
                           label="began: no verdict / not located"))
     ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
