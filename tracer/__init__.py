@@ -79,6 +79,8 @@ _EXPORTS: dict[str, str] = {
     "plot_tree_findings": "plot",
     "plot_norm_rounding": "plot",
     "plot_report": "plot",
+    "plot_matrix": "plot",
+    "plot_lockstep": "plot",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

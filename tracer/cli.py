@@ -42,6 +42,8 @@ def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool
     g = parser.add_argument_group("report")
     g.add_argument("--json", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
     g.add_argument("--markdown", metavar="FILE", help="write a markdown report to FILE")
+    g.add_argument("--plot", metavar="FILE", type=plot_file, help="draw the report's figures into FILE (.png, .pdf "
+                   "or .svg; needs matplotlib: pip install 'ulptrace[plot]')")
     g.add_argument("--all", action="store_true", help="show bitwise-equal rows too")
     g.add_argument("--max-ulp", type=int, default=0, help="budget for sites without oracle semantics")
     g.add_argument("--no-oracle", action="store_true", help="skip verdicts (ULP statistics only)")
@@ -51,6 +53,16 @@ def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool
     g.add_argument("--allow-could-not-judge", action="store_true",
                    help="do not fail the parity decision on sites the oracle could not judge (they are then held "
                         "to --max-ulp like sites without semantics)")
+
+
+def plot_file(path: str) -> str:
+    """``--plot FILE``, checked while the arguments are parsed (before any model is built)."""
+    from ulptrace.plot import check_plot_file
+
+    try:
+        return check_plot_file(path)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 FAIL_HELP = ("exit 1 unless the comparison is at parity: an onset (a verdict worse than tie, an unjudged or "
@@ -103,6 +115,11 @@ def emit(data: dict[str, Any], args: argparse.Namespace, table: str) -> None:
     if args.markdown:
         Path(args.markdown).write_text(to_markdown(data, all_rows=args.all))
         report_progress(f"markdown report written to {args.markdown}")
+    if getattr(args, "plot", None):
+        from ulptrace.plot import save_report
+
+        save_report(data, args.plot)
+        report_progress(f"figure written to {args.plot}")
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -475,20 +475,28 @@ def plot_report(data: dict[str, Any], *, by: str = "kind", max_groups: int = 6, 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
-def check_plot_file(path: str, flag: str = "--plot") -> None:
-    """A figure file we will write: a ``.png``/``.pdf``/``.svg`` name, and matplotlib installed — checked
-    before any work.
+def check_plot_file(path: str) -> str:
+    """A figure file we will write, checked before any work: a ``.png``/``.pdf``/``.svg`` name that is not a
+    directory, in an existing writable directory, and matplotlib installed. Returns ``path``.
 
     Raises:
-        ValueError: another suffix, or matplotlib is missing.
+        ValueError: the rule and the value (messages name the path, not the option).
     """
     import importlib.util
+    import os
     from pathlib import Path
 
-    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
-        raise ValueError(f"{flag} {path}: expected a file name ending in {', '.join(PLOT_SUFFIXES)}")
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_SUFFIXES or target.is_dir():
+        raise ValueError(f"{path}: expected a file name ending in {', '.join(PLOT_SUFFIXES)}")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ValueError(f"{path}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{path}: not writable")
     if importlib.util.find_spec("matplotlib") is None:
-        raise ValueError(f"{flag} needs matplotlib, which is not installed: pip install 'ulptrace[plot]'")
+        raise ValueError("drawing figures needs matplotlib, which is not installed: pip install 'ulptrace[plot]'")
+    return path
 
 
 def save_report(data: dict[str, Any], path: str, *, dpi: int = 110) -> Any:

@@ -16,7 +16,7 @@ PUBLIC = {
     "reduce_fp32", "register_path", "round_to", "site_table", "spacing", "trees_by_row", "ulp_distance",
     "ulp_histogram", "RunConfig", "Session", "DecodeState", "MODES", "make_prompts", "greedy",
     "explain", "Explanation", "plot_ulp_histograms", "plot_error_growth", "plot_midpoint_distance",
-    "plot_tree_findings", "plot_norm_rounding", "plot_report",
+    "plot_tree_findings", "plot_norm_rounding", "plot_report", "plot_matrix", "plot_lockstep",
 }
 
 
