@@ -90,7 +90,7 @@ def plot_verdict_map(data: dict[str, Any], ax: Any = None, *, max_sites: int | N
 
 # -- ULP histograms, error growth, norm rounding (issue 15) ------------------------------------------------------
 
-_DIFFERING = ("tie", "boundary", "error", "nonfinite")
+_DIFFERING = VERDICTS[1:]  # every verdict of a differing element: tie, boundary, error, nonfinite
 _RESIDUAL_SUFFIXES = ("residual_attn", "output")
 
 
