@@ -112,3 +112,21 @@ def test_markdown_and_json_of_a_comparison_without_failures() -> None:
     data = {"sites": [], "reference": {}, "candidate": {}, "missing": [], "extra": [], "mismatched": [],
             "first_difference": None, "onset": None, "parity": {"ok": True, "allowed": [], "failures": []}}
     assert "- parity: at parity" in to_markdown(data)
+
+
+def test_a_recorded_selection_makes_the_comparison_incomplete(tmp_path) -> None:
+    """Traces of a selection say so in their metadata; their comparison does not infer onsets from records
+    it never saw (an unselected site may be where a difference began)."""
+    ref, cand, out = tmp_path / "hf.trace", tmp_path / "fault.trace", tmp_path / "c.json"
+    assert main(["record", *SMALL, "--kinds", "norm", "--out", str(ref)]) == 0
+    assert main(["record", *SMALL, "--kinds", "norm", "--path", "fault:layers.1.mlp.glu@0+4000", "--forced-from",
+                 str(ref), "--out", str(cand)]) == 0
+    assert main(["compare", str(ref), str(cand), "--fail-on-onset", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["complete"] is False and data["reference"]["selection"]["kinds"] == ["norm"]
+    # the GLU was not recorded: the first norm downstream differs on differing inputs, judged a tie
+    first = data["first_difference"]
+    assert first is not None and data["onset"] is None and data["parity"]["ok"] is True
+    full = tmp_path / "full.json"
+    assert main(["onset", *SMALL, "--candidate", "fault:layers.1.mlp.glu@0+4000", "--json", str(full)]) == 0
+    assert json.loads(full.read_text())["complete"] is True
