@@ -111,6 +111,21 @@ def test_tp_cli_tiny_llama_end_to_end(tmp_path: Path) -> None:
     assert data["candidate"]["model"] == data["reference"]["model"] == "tiny-llama"
 
 
+def test_tp_failure_on_one_rank_is_named_with_its_rank(tmp_path: Path) -> None:
+    (tmp_path / "rank_paths.py").write_text(
+        "import torch.distributed as dist\n\n\n"
+        "def fail_on_rank1(model):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        raise ValueError('this rank has no kernels')\n"
+        "    return lambda: None\n")
+    done = _torchrun(["-m", "ulptrace", "onset", "--tp", "2", "--model", "tiny-llama", "--prompt-len", "4",
+                      "--new-tokens", "1", "--candidate", "rank_paths:fail_on_rank1"], tmp_path)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ulptrace: error: rank 1 of 2: ")]
+    assert lines and "this rank has no kernels" in lines[0], done.stderr[-3000:]
+    assert "first difference:" not in done.stdout
+
+
 def test_gloo_allreduce_of_bf16_is_one_rounding_of_the_exact_sum(worker_runs: Path) -> None:
     """The all-reduce of two ranks' BF16 partials, as the ``sharded`` hypothesis models it."""
     evidence = json.loads((worker_runs / "allreduce.json").read_text())
