@@ -305,9 +305,19 @@ class Recorder:
     def _install_compiled(self, compiled: Callable[..., Any]) -> None:
         """Call the compiled model through a wrapper: the step is counted before the call and the queued
         copies become records after it, both outside the compiled graph."""
+        from ulptrace.thirdparty import compile_observable_sites
+
         model = self.model
         self._compiled = True
         self._module_paths()  # built now, not inside the graph
+        fused = [s.name for s in self.sites if s not in compile_observable_sites(model, [s])]
+        if fused:
+            import warnings
+
+            warnings.warn(f"recording {len(fused)} site(s) of a compiled model that Inductor fuses (e.g. {fused[0]}): "
+                          "observing them makes them graph outputs, which changes what the compiled model computes; "
+                          "ulptrace.thirdparty.compile_observable_sites(model, sites) keeps the sites that do not",
+                          stacklevel=3)
 
         def call(*args: Any, **kwargs: Any) -> Any:
             self._on_step(model, args)

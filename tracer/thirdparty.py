@@ -200,7 +200,12 @@ class CompiledModel:
         torch._dynamo.config.fail_on_recompile_limit_hit = True
         torch._dynamo.config.skip_nnmodule_hook_guards = False
         self._had = model.__dict__.get("_compiled_call_impl")
-        model.compile()  # the whole model, in place: what users do
+        # the whole model, in place, as users do; with static shapes: by default dynamo recompiles a graph with
+        # dynamic shapes once it has seen a second shape of a frame, and what it has seen depends on what the
+        # process ran before (a second compile of the same model for the recorder's hooks would get dynamic
+        # kernels where the first, untraced one got static ones, and other numerics); static, every graph is
+        # compiled for the shapes it runs, the same traced or untraced, whatever ran before
+        model.compile(dynamic=False)
         self.torch = torch.__version__
         self.active = True
 
@@ -213,7 +218,7 @@ class CompiledModel:
         graphs, breaks = self._count()
         return {
             "compiler": "torch.compile (inductor)",
-            "compiled": "the whole model in place (model.compile())",
+            "compiled": "the whole model in place (model.compile(dynamic=False): static shapes, a graph per shape)",
             "emulate_precision_casts": self.emulate,
             "graphs_compiled": graphs - self._before[0],
             "graph_breaks": breaks - self._before[1],
