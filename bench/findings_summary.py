@@ -43,8 +43,9 @@ def _info(info: dict[str, Any] | None) -> str:
 def summarise(path: str) -> str:
     data = json.loads(Path(path).read_text())
     ref, cand = data["reference"], data["candidate"]
-    lines = [f"### `{cand.get('path')}` against `{ref.get('path')}` ({ref.get('model')}, {ref.get('device')}, "
-             f"prompts {ref.get('prompts')}, {ref.get('new_tokens')} steps) — `{Path(path).name}`", ""]
+    title = (f"### `{cand.get('path')}` against `{ref.get('path')}` ({ref.get('model')}, {ref.get('device')}, "
+             f"prompts {ref.get('prompts')}, {ref.get('new_tokens')} steps) — `{Path(path).name}`")
+    lines = [title, ""]
     totals: Counter[str] = Counter()
     judged = unjudged = 0
     boundaries: Counter[str] = Counter()

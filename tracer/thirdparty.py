@@ -120,7 +120,7 @@ def _compile_unavailable() -> str | None:
 
         if not torch._dynamo.is_dynamo_supported():
             return "torch.compile is not supported on this Python/platform (torch._dynamo.is_dynamo_supported())"
-    except Exception as exc:  # pragma: no cover - a broken torch install
+    except (ImportError, RuntimeError, AttributeError) as exc:  # pragma: no cover - a broken torch install
         return f"torch.compile is not usable here ({type(exc).__name__}: {exc})"
     if _cxx() is None and not _importable("triton"):
         return ("torch.compile's Inductor needs a C++ compiler on the CPU (g++ or clang++ on PATH, or $CXX) or "
@@ -295,14 +295,14 @@ class AttributeSnapshot:
 
 
 def _setattr(owner: Any, key: str, value: Any) -> None:
-    if isinstance(owner, type) or isinstance(owner, types.ModuleType):
+    if isinstance(owner, (type, types.ModuleType)):
         setattr(owner, key, value)
     else:  # an instance: write its __dict__ directly (nn.Module.__setattr__ would route parameters)
         owner.__dict__[key] = value
 
 
 def _delattr(owner: Any, key: str) -> None:
-    if isinstance(owner, type) or isinstance(owner, types.ModuleType):
+    if isinstance(owner, (type, types.ModuleType)):
         delattr(owner, key)
     else:
         owner.__dict__.pop(key, None)
@@ -395,7 +395,7 @@ def _version(distribution: str) -> str | None:
         from importlib.metadata import version
 
         return version(distribution)
-    except Exception:
+    except (ImportError, ValueError):  # PackageNotFoundError is an ImportError
         return None
 
 

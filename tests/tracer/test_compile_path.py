@@ -51,8 +51,10 @@ def test_compile_path_is_undone_with_its_global_settings() -> None:
     import torch._dynamo
     import torch._inductor.config as inductor_config
 
-    settings = lambda: (inductor_config.emulate_precision_casts, torch._dynamo.config.recompile_limit,  # noqa: E731
-                        torch._dynamo.config.fail_on_recompile_limit_hit, torch._dynamo.config.skip_nnmodule_hook_guards)
+    def settings() -> tuple:
+        return (inductor_config.emulate_precision_casts, torch._dynamo.config.recompile_limit,
+                torch._dynamo.config.fail_on_recompile_limit_hit, torch._dynamo.config.skip_nnmodule_hook_guards)
+
     before = settings()
     model = build_model("tiny-llama")
     with apply_path(model, "compile:emulate") as applied:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from ulptrace.models import build_model
 from ulptrace.paths import apply_path
-from ulptrace.run import greedy, make_prompts
+from ulptrace.run import make_prompts
 
 FAKE_LIGER = '''
 """Stand-in for liger_kernel.transformers (ulptrace tests): patches HF the way Liger-Kernel 0.8.5 does."""
