@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,10 @@ def test_hf_is_inside_its_own_semantics_everywhere(tmp_path, model, attn) -> Non
 
 
 # HF's eager attention (head_dim 32: scaling 32**-0.5) against a fused kernel's FP32 scores
+def _ops_unnumbered(name: str) -> str:
+    return re.sub(r"%\d+", "%N", re.sub(r"\(op \d+\)", "(op N)", name))
+
+
 SDPA_AGAINST_EAGER = (
     "fused attention around `_softmax` (op 18): scores kept in FP32 (skips "
     "`bmm(query, transpose(key, dim0=2, dim1=3))` (op 13), "
@@ -101,7 +106,8 @@ def test_sdpa_judged_against_eager_is_a_named_boundary_not_an_error(tmp_path, mo
     assert cores
     assert all(s["verdicts"]["error"] == 0 and s["verdicts"]["nonfinite"] == 0 for s in cores)
     assert all(s["verdicts"]["boundary"] > 0 for s in cores)
-    assert {s["boundary"] for s in cores} == {SDPA_AGAINST_EAGER}
+    # op numbers depend on the model's eager code (a grouped-query repeat_kv adds ops): compare the wording
+    assert {_ops_unnumbered(s["boundary"]) for s in cores} == {_ops_unnumbered(SDPA_AGAINST_EAGER)}
 
 
 @pytest.mark.parametrize("model, site", [("tiny-llama", "layers.0.self_attn.core"),

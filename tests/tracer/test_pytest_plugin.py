@@ -122,7 +122,7 @@ def test_traces_are_saved_only_with_the_option(
 def test_terminal_summary_lists_failed_ulp_assertions_and_saved_traces(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(fake_trace=FAKE_TRACE)
     pytester.makepyfile(
-        test_parity="""
+        test_glu_parity="""
         import pytest
         import torch
         from fake_trace import FakeTrace
@@ -145,17 +145,17 @@ def test_terminal_summary_lists_failed_ulp_assertions_and_saved_traces(pytester:
     )
     result = run(pytester, "--ulptrace-save-dir=out")
     result.assert_outcomes(passed=2, failed=1)
-    saved = pytester.path / "out" / "test_parity.py_test_fails" / "glu"
+    saved = pytester.path / "out" / "test_glu_parity.py_test_fails" / "glu"
     result.stdout.fnmatch_lines(
         [
             "*= ulptrace =*",
             "Failed ULP assertions:",
             (
-                "  test_parity.py::test_fails: ULP budget exceeded: max_ulp=1 (bfloat16); "
+                "  test_glu_parity.py::test_fails: ULP budget exceeded: max_ulp=1 (bfloat16); "
                 "greatest 4 ULP at index (1,); 1 / 2 mismatched"
             ),
             "Saved traces of failed tests*",
-            f"  test_parity.py::test_fails [glu]: {saved}",
+            f"  test_glu_parity.py::test_fails [glu]: {saved}",
             f"    ulptrace compare {saved / 'reference'} {saved / 'candidate'}",
         ]
     )
