@@ -1,9 +1,10 @@
 """The matrix's cost: `ulptrace matrix` against bare greedy generation of the same checks.
 
-Reads a matrix report (``ulptrace matrix --json``), re-runs exactly its generations with nothing else — for
-every seed the two models are built (not timed, as the matrix's ``build_seconds`` are left out), for every
-batch the reference once, then every candidate path, mode and attempt in a fresh ``Session`` (a fresh
-capture in graph mode), greedy, EOS disabled, no snapshots, no logits kept — and compares the times:
+Reads a matrix report (``ulptrace matrix --json``, also a partial one left by a stopped run), re-runs exactly
+its checks' generations with nothing else — for every seed the two models are built (not timed, as the
+matrix's ``build_seconds`` are left out), for every batch the reference once, then every candidate check in a
+fresh ``Session`` (a fresh capture in graph mode), greedy, EOS disabled, no snapshots, no logits kept — and
+compares the times:
 
 - ``ratio``: the matrix without model builds (reference + candidates + locating every divergent row) over
   the bare generations;
@@ -34,37 +35,36 @@ def _sync(device: str) -> None:
 
 
 def bare_generation(report: dict) -> dict:
-    """Time the report's generations with nothing but greedy decoding; returns seconds and counts."""
+    """Time the report's generations (its ``checks``, also of a partial report) with nothing but greedy decoding."""
     grid = report["grid"]
     device, dtype = grid["device"], torch_dtype(grid["dtype"])
     ref_path, ref_mode = report["reference"]["path"], report["reference"]["mode"]
-    cache_len = grid.get("cache_len")
-    attempts = lambda mode: grid["graph_attempts"] if mode == "graph" else 1
+    cache_len = grid.get("cache_len") or grid["prompt_len"] + grid["new_tokens"]
+    done = [(c["seed"], c["batch"], c["path"], c["mode"]) for c in report["checks"]]
     seconds = 0.0
     runs = 0
-    for seed in grid["seeds"]:
+    for seed in dict.fromkeys(s for s, _, _, _ in done):
         ref_model = build_model(report["model"], dtype=dtype, device=device, seed=seed)
         cand_model = build_model(report["model"], dtype=dtype, device=device, seed=seed)
         prompts_all = make_prompts(ref_model.config.vocab_size, max(grid["batches"]), grid["prompt_len"], seed, device)
         with apply_path(ref_model, ref_path), torch.no_grad():
-            for batch in grid["batches"]:
+            for batch in dict.fromkeys(b for s, b, _, _ in done if s == seed):
                 prompts = prompts_all[:batch]
                 _sync(device)
                 start = time.perf_counter()
-                greedy(ref_model, prompts, grid["new_tokens"], mode=ref_mode, cache_len=cache_len)
+                greedy(ref_model, prompts, grid["new_tokens"], session=Session(ref_model, ref_mode, max_len=cache_len))
                 _sync(device)
                 seconds += time.perf_counter() - start
                 runs += 1
-                for path in report["candidates"]:
+                for path in dict.fromkeys(p for s, b, p, _ in done if (s, b) == (seed, batch)):
                     with apply_path(cand_model, path):
-                        for mode in grid["modes"]:
-                            for _ in range(attempts(mode)):
-                                start = time.perf_counter()
-                                session = Session(cand_model, mode, max_len=cache_len or grid["prompt_len"] + grid["new_tokens"])
-                                greedy(cand_model, prompts, grid["new_tokens"], session=session)
-                                _sync(device)
-                                seconds += time.perf_counter() - start
-                                runs += 1
+                        for mode in [m for s, b, p, m in done if (s, b, p) == (seed, batch, path)]:
+                            start = time.perf_counter()
+                            greedy(cand_model, prompts, grid["new_tokens"],
+                                   session=Session(cand_model, mode, max_len=cache_len))
+                            _sync(device)
+                            seconds += time.perf_counter() - start
+                            runs += 1
         del ref_model, cand_model
     return {"seconds": seconds, "generations": runs}
 
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     divergent = sum(not r["token_exact"] for r in report["rows"])
     result = {
         "model": report["model"], "device": report["grid"]["device"], "checks": len(report["checks"]),
+        "complete": report.get("complete", True),
         "generations": bare["generations"], "divergent_rows": divergent,
         "bare_seconds": bare["seconds"], "matrix_seconds": matrix, "matrix_generation_seconds": own,
         "locate_seconds": timing["locate_seconds"], "ratio": matrix / bare["seconds"],

@@ -9,9 +9,14 @@
 # Usage on the device machine:  OUT=/dir bash bench/gpu_generation.sh [PHASE ...]   (default: matrix lockstep batch)
 # Sizes (environment): SEEDS="0 1" BATCHES="1 2 4 8" ATTEMPTS=2 PROMPT_LEN=128 NEW_TOKENS=16 PROMPTS=8
 #   PATHS="hf kernels:faithful kernels:fused" LOCKSTEP_PATHS="hf kernels:fused" MODEL=qwen3.5-0.8b
+# Budgets (seconds, environment): LOCATE_SECONDS=110 (matrix: no row is located once locating has taken that
+#   long; the rest keep their first divergent step and near-tie class), BI_LOCATE_SECONDS=30; each phase is also
+#   stopped by a timeout (SIGINT; the matrix keeps its partial JSON report, checks done so far):
+#   MATRIX_TIMEOUT=240 BENCH_TIMEOUT=70 LOCKSTEP_TIMEOUT=45 BI_TIMEOUT=60 (per lockstep path).
 #   (a CPU smoke run of the script: DEVICE=cpu MODES="eager static" LOCKSTEP_MODE=static SKIP_INSTALL=1, tiny sizes)
-# The whole default run is estimated at 6-10 minutes on an H200 (most of it locating divergent rows); if one
-# call cannot hold it, run `matrix` in one call and `lockstep batch` in the next, or shrink SEEDS/BATCHES.
+# Worst case with these budgets: about 8.5 minutes (setup ~1 min: install, kernel build); estimated typical 6-7.
+# To locate every divergent row, raise LOCATE_SECONDS and MATRIX_TIMEOUT (e.g. 400/520) and run `matrix` alone in
+# one call, `lockstep batch` in the next.
 set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -27,12 +32,18 @@ LOCKSTEP_PATHS=${LOCKSTEP_PATHS:-hf kernels:fused}
 DEVICE=${DEVICE:-cuda}
 MODES=${MODES:-eager graph}
 LOCKSTEP_MODE=${LOCKSTEP_MODE:-graph}
+LOCATE_SECONDS=${LOCATE_SECONDS:-110}
+BI_LOCATE_SECONDS=${BI_LOCATE_SECONDS:-30}
+MATRIX_TIMEOUT=${MATRIX_TIMEOUT:-240}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-70}
+LOCKSTEP_TIMEOUT=${LOCKSTEP_TIMEOUT:-45}
+BI_TIMEOUT=${BI_TIMEOUT:-60}
 PHASES=${*:-matrix lockstep batch}
 mkdir -p "$OUT"
-phase() {  # phase NAME COMMAND...: run, log to $OUT/NAME.log, record rc and wall time
-  local name=$1; shift
+phase() {  # phase NAME SECONDS COMMAND...: run under a timeout (SIGINT), log to $OUT/NAME.log, record rc and time
+  local name=$1 limit=$2; shift 2
   local start=$SECONDS
-  "$@" > "$OUT/$name.log" 2>&1
+  timeout --signal=INT --kill-after=20 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
   echo "$name: rc=$rc, $((SECONDS - start)) s" | tee -a "$OUT/phases.txt"
   grep -v '^\[ulptrace\]' "$OUT/$name.log" | tail -n 25
@@ -49,7 +60,7 @@ fi
   git rev-parse --short HEAD 2>/dev/null; date -u; } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 if [ "$DEVICE" != cpu ]; then  # build once, outside the timed matrix (the extension is cached in $TORCH_EXTENSIONS_DIR)
-  phase kernels_build python3 -c "from ulptrace.kernels import _build; _build.extension(); print('kernels built')"
+  phase kernels_build 300 python3 -c "from ulptrace.kernels import _build; _build.extension(); print('kernels built')"
 fi
 
 run="--model $MODEL --device $DEVICE --prompt-len $PROMPT_LEN --new-tokens $NEW_TOKENS"
@@ -57,26 +68,26 @@ for p in $PHASES; do
   case $p in
     matrix)
       # shellcheck disable=SC2086
-      phase matrix python3 -m ulptrace matrix $run --candidate $PATHS --seeds $SEEDS --batches $BATCHES \
-          --modes $MODES --graph-attempts "$ATTEMPTS" \
+      phase matrix "$MATRIX_TIMEOUT" python3 -m ulptrace matrix $run --candidate $PATHS --seeds $SEEDS \
+          --batches $BATCHES --modes $MODES --graph-attempts "$ATTEMPTS" --locate-seconds "$LOCATE_SECONDS" \
           --json "$OUT/matrix.json" --markdown "$OUT/matrix.md" --plot "$OUT/matrix.png"
       if [ -s "$OUT/matrix.json" ]; then
-        phase bench_matrix python3 bench/bench_matrix.py --matrix-json "$OUT/matrix.json" --json "$OUT/bench_matrix.json"
+        phase bench_matrix "$BENCH_TIMEOUT" python3 bench/bench_matrix.py --matrix-json "$OUT/matrix.json" --json "$OUT/bench_matrix.json"
       fi
       ;;
     lockstep)
       for path in $LOCKSTEP_PATHS; do
         tag=${path//:/_}
         # shellcheck disable=SC2086
-        phase "lockstep_$tag" python3 -m ulptrace lockstep $run --prompts "$PROMPTS" --reference "$path" \
+        phase "lockstep_$tag" "$LOCKSTEP_TIMEOUT" python3 -m ulptrace lockstep $run --prompts "$PROMPTS" --reference "$path" \
             --candidate "$path" --reference-mode static --candidate-mode "$LOCKSTEP_MODE" \
             --json "$OUT/lockstep_$tag.json" --plot "$OUT/lockstep_$tag.png"
       done
       ;;
     batch)
       # shellcheck disable=SC2086
-      phase batch_invariance python3 -m ulptrace batch-invariance $run --path hf --batches $BATCHES \
-          --prompts "$PROMPTS" --json "$OUT/batch_invariance.json" --markdown "$OUT/batch_invariance.md" \
+      phase batch_invariance "$BI_TIMEOUT" python3 -m ulptrace batch-invariance $run --path hf --batches $BATCHES \
+          --prompts "$PROMPTS" --locate-seconds "$BI_LOCATE_SECONDS" --json "$OUT/batch_invariance.json" --markdown "$OUT/batch_invariance.md" \
           --plot "$OUT/batch_invariance.png"
       ;;
     *) echo "unknown phase $p (expected matrix, lockstep or batch)"; exit 2 ;;

@@ -44,6 +44,7 @@ class BatchInvarianceConfig:
     run: RunConfig
     batches: Sequence[int] = (1, 2, 4, 8)
     locate: bool = True
+    locate_seconds: float | None = None  # no row located once locating has taken this long (None: no limit)
 
     @property
     def prompts(self) -> int:
@@ -51,6 +52,8 @@ class BatchInvarianceConfig:
 
     def validate(self) -> None:
         check_values("--batches", self.batches, minimum=1)
+        if self.locate_seconds is not None and self.locate_seconds < 0:
+            raise ValueError(f"--locate-seconds must be >= 0, but got {self.locate_seconds}")
         check_mode(self.run.reference_mode, self.run.device, what="mode")
         prompts = self.prompts
         if prompts < 1:
@@ -82,6 +85,7 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                           "kinds": list(run.kinds) if run.kinds else None, "layers": run.layers, "steps": None}}
     rows: list[dict[str, Any]] = []
     summary = []
+    locate_spent = 0.0
     with apply_path(model, run.reference):
         judge = None
         if run.oracle and cfg.locate:
@@ -103,8 +107,11 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                 gen = generate(model, prompts[first:first + batch], run.new_tokens, mode=run.reference_mode,
                                cache_len=cache_len, keep_states=cfg.locate)
                 side = Side(model, run.reference, run.reference_mode, prompts[first:first + batch], gen, cache_len)
+                t0 = time.perf_counter()  # the budget counts locating only, not generating
+                deadline = None if cfg.locate_seconds is None else t0 + cfg.locate_seconds - locate_spent
                 found = batch_rows(alone, members, side, judge=judge, locate_rows=cfg.locate, max_ulp=run.max_ulp,
-                                   sites=sites, metadata=meta, seed=run.seed)
+                                   sites=sites, metadata=meta, seed=run.seed, deadline=deadline)
+                locate_spent += time.perf_counter() - t0
                 exact += sum(r["token_exact"] for r in found)
                 rows += found
             summary.append({"batch": batch, "exact": exact, "rows": count})
@@ -123,6 +130,7 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
         "dtype": run.dtype,
         "near_tie_rule": NEAR_TIE_RULE,
         "located": cfg.locate,
+        "locate_seconds": cfg.locate_seconds,
         "summary": summary,
         "rows": rows,
         "timing": {"seconds": time.perf_counter() - started},
@@ -131,8 +139,9 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
 
 def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: Any = None, locate_rows: bool = True,
                max_ulp: int = 0, sites: Sequence[Any] | None = None, metadata: dict[str, Any] | None = None,
-               seed: int = 0) -> list[dict[str, Any]]:
-    """The rows of one batch (``members``: the prompt of each row) against those prompts alone."""
+               seed: int = 0, deadline: float | None = None) -> list[dict[str, Any]]:
+    """The rows of one batch (``members``: the prompt of each row) against those prompts alone; no row is
+    located once ``time.perf_counter()`` has passed ``deadline``."""
     gen = batched.generation
     reference = torch.cat([alone[i].generation.tokens for i in members])
     steps = first_divergent_steps(reference, gen.tokens)
@@ -152,6 +161,8 @@ def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: A
     if not locate_rows:
         return rows
     for step in sorted({s for s in steps if s is not None}):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         wanted = {row: (alone[members[row]], 0) for row, s in enumerate(steps) if s == step}
         state = feed = None
         if step:  # every row of the batch put back on its own prompt's alone run, just before the step
@@ -185,6 +196,9 @@ def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
         if limit is not None and len(divergent) > limit:
             lines.append(f"  ... {len(divergent) - limit} more rows (--all or --json for every row)")
+        unlocated = sum(not r.get("located") for r in divergent)
+        if unlocated and report.get("located", True):
+            lines.append(f"  {unlocated} divergent row(s) not located: the --locate-seconds budget was spent")
     lines += ["", f"time: {report['timing']['seconds']:.1f} s"]
     return "\n".join(lines)
 

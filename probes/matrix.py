@@ -57,6 +57,7 @@ class MatrixConfig:
     graph_attempts: int = 2
     locate: bool = True
     locate_limit: int | None = None  # at most this many divergent rows located per path and mode (None: all)
+    locate_seconds: float | None = None  # no row located once locating has taken this long (None: no limit)
 
     def attempts(self, mode: str) -> int:
         return self.graph_attempts if mode == "graph" else 1
@@ -71,6 +72,8 @@ class MatrixConfig:
             check_mode(mode, self.run.device, what="modes")
         if self.locate_limit is not None and self.locate_limit < 0:
             raise ValueError(f"--locate-limit must be >= 0 (0 locates no row), but got {self.locate_limit}")
+        if self.locate_seconds is not None and self.locate_seconds < 0:
+            raise ValueError(f"--locate-seconds must be >= 0, but got {self.locate_seconds}")
         if self.graph_attempts < 1:
             raise ValueError(f"--graph-attempts must be >= 1 (each attempt is a fresh CUDA-graph capture), "
                              f"but got {self.graph_attempts}")
@@ -100,8 +103,13 @@ def _selection(cfg: RunConfig) -> dict[str, Any]:
                           "layers": cfg.layers, "steps": None}}
 
 
-def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the grid; returns the report (the JSON contract: ``summary``, ``rows``, see the README)."""
+def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
+               on_check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the grid; returns the report (the JSON contract: ``summary``, ``rows``, see the README).
+
+    ``on_check`` receives the report so far (``complete`` false) after every check, e.g. to keep a partial
+    report on disk should the run be stopped.
+    """
     say = progress or (lambda msg: None)
     cfg.validate()
     run = cfg.run
@@ -115,6 +123,30 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
     meta = _selection(run)
     budget = {(p, m): cfg.locate_limit if cfg.locate else 0 for p in cfg.candidates for m in cfg.modes}
     earlier: dict[tuple, tuple[Any, list[dict[str, Any]]]] = {}  # an earlier attempt of the same configuration
+
+    def report(complete: bool) -> dict[str, Any]:
+        totals = {path: {**summary[path], "total": {
+            "exact": sum(summary[path][m]["exact"] for m in cfg.modes),
+            "checks": sum(summary[path][m]["checks"] for m in cfg.modes)}} for path in cfg.candidates}
+        return {
+            "schema": SCHEMA,
+            "version": 1,
+            "complete": complete,
+            "model": run.model,
+            "reference": {"path": run.reference, "mode": run.reference_mode},
+            "candidates": list(cfg.candidates),
+            "grid": {"seeds": list(cfg.seeds), "batches": list(cfg.batches), "modes": list(cfg.modes),
+                     "graph_attempts": cfg.graph_attempts, "prompt_len": run.prompt_len, "new_tokens": run.new_tokens,
+                     "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
+            "near_tie_rule": NEAR_TIE_RULE,
+            "located": cfg.locate,
+            "locate_limit": cfg.locate_limit,
+            "locate_seconds": cfg.locate_seconds,
+            "summary": totals,
+            "rows": rows,
+            "checks": checks,
+            "timing": {**timing, "seconds": time.perf_counter() - started},
+        }
     for seed in cfg.seeds:
         t0 = time.perf_counter()
         ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
@@ -154,9 +186,11 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
                                     found = check_rows(reference, candidate, check, locate_limit=0)
                                     reuse_locations(found, same[1])
                                 else:
+                                    deadline = None if cfg.locate_seconds is None else \
+                                        time.perf_counter() + cfg.locate_seconds - timing["locate_seconds"]
                                     found = check_rows(reference, candidate, check, judge=judge,
                                                        locate_limit=budget[path, mode], max_ulp=run.max_ulp,
-                                                       sites=sites, metadata=meta)
+                                                       sites=sites, metadata=meta, deadline=deadline)
                                     earlier[path, mode, seed, batch] = (gen, found)
                                 if budget[path, mode] is not None:
                                     budget[path, mode] -= sum(bool(r.get("located")) and "location_from_attempt"
@@ -171,28 +205,10 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None)
                                 say(f"  {path} {mode} attempt {attempt}: "
                                     + ("token-exact" if exact else
                                        f"{sum(not r['token_exact'] for r in found)} of {batch} row(s) diverge"))
+                                if on_check is not None:
+                                    on_check(report(False))
         del ref_model, cand_model
-    for path in cfg.candidates:
-        summary[path]["total"] = {"exact": sum(summary[path][m]["exact"] for m in cfg.modes),
-                                  "checks": sum(summary[path][m]["checks"] for m in cfg.modes)}
-    timing["seconds"] = time.perf_counter() - started
-    return {
-        "schema": SCHEMA,
-        "version": 1,
-        "model": run.model,
-        "reference": {"path": run.reference, "mode": run.reference_mode},
-        "candidates": list(cfg.candidates),
-        "grid": {"seeds": list(cfg.seeds), "batches": list(cfg.batches), "modes": list(cfg.modes),
-                 "graph_attempts": cfg.graph_attempts, "prompt_len": run.prompt_len, "new_tokens": run.new_tokens,
-                 "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
-        "near_tie_rule": NEAR_TIE_RULE,
-        "located": cfg.locate,
-        "locate_limit": cfg.locate_limit,
-        "summary": summary,
-        "rows": rows,
-        "checks": checks,
-        "timing": timing,
-    }
+    return report(True)
 
 
 LOCATION_KEYS = ("accumulated", "restored_step_diverges", "onset", "first_difference", "located_by", "located")
@@ -215,12 +231,13 @@ def reuse_locations(rows: list[dict[str, Any]], earlier: list[dict[str, Any]]) -
 
 def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge: Any = None,
                locate_limit: int | None = None, max_ulp: int = 0, sites: Sequence[Any] | None = None,
-               metadata: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+               metadata: dict[str, Any] | None = None, deadline: float | None = None) -> list[dict[str, Any]]:
     """One check's rows (``rows`` of the JSON): token-exact or the first divergent step, near-tie, location.
 
     Row ``r`` of the candidate is paired with row ``r`` of the reference (the same prompt in the same batch).
     Rows that first diverge at the same step are located together (one traced re-run per step), earliest
-    step first, at most ``locate_limit`` rows (None: all); a divergent row says whether it was ``located``.
+    step first, at most ``locate_limit`` rows (None: all), none once ``time.perf_counter()`` has passed
+    ``deadline``; a divergent row says whether it was ``located``.
     """
     ref, cand = reference.generation, candidate.generation
     steps = first_divergent_steps(ref.tokens, cand.tokens)
@@ -238,7 +255,7 @@ def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge
     for step in sorted({s for s in steps if s is not None}):
         wanted = {row: (reference, row) for row, s in enumerate(steps) if s == step}
         wanted = dict(list(wanted.items())[:max(left, 0)])
-        if not wanted:
+        if not wanted or (deadline is not None and time.perf_counter() > deadline):
             break
         left -= len(wanted)
         state = ref.states[step] if step else None
@@ -296,6 +313,12 @@ def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
             lines.append(f"  boundary: {boundary}")
         if limit is not None and len(divergent) > limit:
             lines.append(f"  ... {len(divergent) - limit} more rows (--all or --json for every row)")
+        unlocated = sum(not r.get("located") for r in divergent)
+        if unlocated and report.get("located", True):
+            lines.append(f"  {unlocated} divergent row(s) not located: the --locate-limit or --locate-seconds budget "
+                         "was spent")
+    if report.get("complete") is False:
+        lines.append(f"INCOMPLETE: {len(report['checks'])} checks run before the matrix stopped")
     timing = report["timing"]
     lines += ["", (f"time: {timing['seconds']:.1f} s (candidate generation {timing['generation_seconds']:.1f} s, "
                    f"reference {timing['reference_seconds']:.1f} s, locating {timing['locate_seconds']:.1f} s, "

@@ -629,26 +629,28 @@ def plot_lockstep(report: dict[str, Any], ax: Any = None, *, title: str | None =
         values = [v for k, v in e["max_ulp"].items() if k != "logits" and v is not None]
         return float(max(values, default=0))
 
-    logits = [float(e["max_ulp"].get("logits") or 0) for e in entries]
-    states = [worst_state(e) for e in entries]
-    ax.plot(steps, logits, marker="o", label="logits: max ulp")
-    ax.plot(steps, states, marker="s", label="state tensors: worst max ulp")
+    logits = [1.0 + float(e["max_ulp"].get("logits") or 0) for e in entries]
+    states = [1.0 + worst_state(e) for e in entries]
+    ax.plot(steps, logits, marker="o", label="logits")
+    ax.plot(steps, states, marker="s", label="state tensors (the worst)")
     onsets = [e for e in entries if e.get("onset")]
     if onsets:
-        ax.scatter([e["step"] for e in onsets], [max(logits[steps.index(e["step"])], 0.5) for e in onsets], s=140,
+        ax.scatter([e["step"] for e in onsets], [logits[steps.index(e["step"])] for e in onsets], s=140,
                    facecolors="none", edgecolors=VERDICT_COLORS["error"], linewidths=1.5, zorder=3,
                    label="step with an onset")
         for e in onsets[:6]:
-            ax.annotate(e["onset"]["site"], (e["step"], max(logits[steps.index(e["step"])], 0.5)), fontsize=6,
-                        xytext=(4, 6), textcoords="offset points")
+            ax.annotate(e["onset"]["site"], (e["step"], logits[steps.index(e["step"])]), fontsize=6,
+                        xytext=(4, -10), textcoords="offset points")
     bitwise = [e["step"] for e in entries if e["logits_bitwise_equal"] and e["states_bitwise_equal"]]
     if bitwise:
-        ax.scatter(bitwise, [0] * len(bitwise), marker="|", s=200, color="black", label="bitwise identical step")
-    ax.set_yscale("symlog", linthresh=1)
+        ax.scatter(bitwise, [1.0] * len(bitwise), marker="|", s=200, color="black", label="bitwise identical step")
+    ax.set_yscale("log")
+    ax.set_ylim(0.8, 4.0 * max(logits + states))
     ax.set_xticks(steps, ["prefill" if s == 0 else str(s) for s in steps], fontsize=7)
+    ax.tick_params(axis="y", labelsize=7)
     ax.set_xlabel("step", fontsize=7)
-    ax.set_ylabel("max ULP difference", fontsize=7)
-    ax.legend(fontsize=6, loc="upper left")
+    ax.set_ylabel("1 + max ULP difference (log)", fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ref, cand = report.get("reference") or {}, report.get("candidate") or {}
     how = "restored before every step" if report.get("restored", True) else "free-running"
     ax.set_title(title or (f"lockstep: {cand.get('path', '?')} ({cand.get('mode', '?')}) vs {ref.get('path', '?')} "

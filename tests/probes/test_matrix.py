@@ -72,6 +72,9 @@ def test_rows_of_a_check_without_locating_and_locations_reused_from_an_identical
     assert [r["first_divergent_step"] for r in rows] == [None, 1]
     assert rows[1]["near_tie"] is True and rows[1]["gap"] == 0.25 and rows[1]["noise"] == 0.5
     assert rows[1]["located"] is False and rows[1]["onset"] is None and rows[0]["token_exact"]
+    late = check_rows(Side(None, "hf", "eager", prompts, ref), Side(None, "p", "graph", prompts, cand), check,
+                      deadline=0.0)  # --locate-seconds spent: nothing is located, everything else is there
+    assert late[1]["located"] is False and late[1]["near_tie"] is True
     again = Generation(cand.tokens.clone(), [x.clone() for x in cand.logits])
     assert same_generation(cand, again)
     assert not same_generation(cand, Generation(cand.tokens, [logits[0], logits[1], logits[2]]))
