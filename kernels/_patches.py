@@ -117,12 +117,18 @@ def _named_arguments(layer: nn.Module, hidden_states: torch.Tensor, args: tuple,
 def _mix(layer: nn.Module, family: str, h: torch.Tensor, named: dict[str, Any]) -> torch.Tensor:
     """Call the layer's token mixer as HF's layer does (by keyword, same values)."""
     if family == "hybrid" and is_gated_deltanet(getattr(layer, "linear_attn", None)):
+        from ulptrace.run import CACHE_KWARGS, cache_kwarg  # the one home of the cache argument's name
+
         named = dict(named)
         named.pop("position_embeddings", None)
         named.pop("position_ids", None)
-        cache = named.pop("past_key_values", None)
+        # the layer's cache arrives under this transformers version's name; hand it to the GatedDeltaNet
+        # module under *its* name only (passing the deprecated name beside the new one warns)
+        given = [named.pop(k) for k in CACHE_KWARGS if k in named]
+        cache = next((c for c in given if c is not None), None)
         mask = named.pop("attention_mask", None)
-        return layer.linear_attn(hidden_states=h, cache_params=cache, attention_mask=mask, **named)
+        return layer.linear_attn(hidden_states=h, attention_mask=mask, **{cache_kwarg(layer.linear_attn): cache},
+                                 **named)
     out = layer.self_attn(hidden_states=h, **named)
     return out[0] if isinstance(out, tuple) else out
 

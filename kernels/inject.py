@@ -367,8 +367,9 @@ def inject(model: nn.Module, mode: str = "faithful", ops: Iterable[str] | None =
         An :class:`Injection`; use it as a context manager or call ``.undo()``.
 
     Raises:
-        ValueError: unknown mode/backend/op, a model without supported decoder layers, an op asked
-            for by name that has no site in this model, ``backend="cuda"`` for a CPU model.
+        ValueError: unknown mode/backend/op, a model without supported decoder layers or of a dtype
+            the kernels do not support (``FLOAT_DTYPES``), an op asked for by name that has no site in
+            this model, ``backend="cuda"`` for a CPU model.
         RuntimeError: the model is already injected, ``decode_attention`` is already injected in
             another model, or ``backend="cuda"`` and the kernels cannot be built.
     """
@@ -384,8 +385,11 @@ def inject(model: nn.Module, mode: str = "faithful", ops: Iterable[str] | None =
     if not any(type(m).__name__ in LAYER_FAMILIES for m in model.modules()):
         raise ValueError(f"inject supports models with decoder layers {sorted(LAYER_FAMILIES)}, "
                          f"but {type(model).__name__} has none")
-    inj = Injection(model, mode, _resolve_backend(model, backend))
     dtype = _model_dtype(model)
+    if dtype not in c.FLOAT_DTYPES:
+        raise ValueError(f"ulptrace's kernels support {', '.join(str(d).removeprefix('torch.') for d in c.FLOAT_DTYPES)} "
+                         f"models, but {type(model).__name__} is {str(dtype).removeprefix('torch.')}")
+    inj = Injection(model, mode, _resolve_backend(model, backend))
     appliers: dict[str, Callable[[], None]] = {
         "add_rms_norm": lambda: _apply_norms(model, inj, dtype),
         "glu": lambda: _apply_glu(model, inj),

@@ -220,9 +220,9 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
 
     say = progress or (lambda msg: None)
     cfg = RunConfig(model=args.model, reference=args.reference, candidate=args.candidate, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, seed=args.seed, device=args.device,
-                    dtype=args.dtype, sites=args.sites, kinds=norm_kinds(args.kinds), layers=args.layers,
-                    steps=args.steps)
+                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, cache_len=args.cache_len,
+                    seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites,
+                    kinds=norm_kinds(args.kinds), layers=args.layers, steps=args.steps)
     say(f"recording {cfg.reference!r} and {cfg.candidate!r} on {cfg.model}: {cfg.prompts} prompts x "
         f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, {', '.join(cfg.kinds)} sites only")
     with ExitStack() as stack:  # the reference's path stays applied while its semantics judge, then is undone
@@ -264,13 +264,11 @@ def render(data: dict[str, Any], all_rows: bool = False) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ulptrace.cli import add_report_options, add_run_options
+    from ulptrace.cli import Parser, add_path_options, add_report_options, add_run_options
 
-    parser = argparse.ArgumentParser(prog="trace_norm_rounding", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="trace_norm_rounding", description=__doc__.split("\n\n")[0])
     add_run_options(parser)
-    parser.add_argument("--reference", default="hf")
-    parser.add_argument("--candidate", default="kernels:fused",
-                        help="path to judge (default kernels:fused; any path name works)")
+    add_path_options(parser, "kernels:fused")
     parser.add_argument("--trees", nargs="*", default=None, metavar="SPEC",
                         help="FP32 reduction orders to try (default: ulptrace.trees.DEFAULT_TREES)")
     parser.add_argument("--report-only", action="store_true",
@@ -280,9 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ulptrace.cli import emit, quiet_transformers, report_progress, run_cli
+    from ulptrace.cli import cwd_on_path, emit, quiet_transformers, report_progress, run_cli
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("trace_norm_rounding: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    cwd_on_path()
     quiet_transformers()
 
     def job(args: argparse.Namespace) -> int:

@@ -52,6 +52,18 @@ class Fault:
         self._current += 1
         self._calls = 0
 
+    def verify(self) -> None:
+        """Raise ``ValueError`` when the model ran but the fault never fired (e.g. its step was never
+        reached, or the site never executed); the path layer calls this when the path is undone."""
+        if self._current >= 0 and self.hits == 0:
+            ran = self._current + 1
+            raise ValueError(
+                f"fault {self.site.name}@{self.step} never fired: the model ran {ran} forward call(s) "
+                f"(steps 0..{ran - 1}), so nothing was perturbed"
+                + (f"; step {self.step} is beyond the last step {ran - 1}" if self.step >= ran else
+                   f"; {self.site.name} did not execute at step {self.step}")
+            )
+
     def undo(self) -> None:
         for handle in reversed(self._handles):
             handle.remove()
@@ -134,8 +146,8 @@ def _attention_result_fault(model: Any, module: Any, fault: Fault) -> Handle:
     return tap(namespace, name).add_result_transform(result)
 
 
-def fault_path(spec: str) -> Any:
-    """The path function for ``fault:SITE@STEP[+ULPS]`` (index 0 of the flattened output)."""
+def parse_fault(spec: str) -> tuple[str, int, int]:
+    """``fault:SITE@STEP[+ULPS]`` -> ``(site, step, ulps)``; ``KeyError`` saying the expected form."""
     body = spec.removeprefix("fault:")
     site, _, rest = body.partition("@")
     step_text, sign, ulp_text = rest.partition("+") if "+" in rest else rest.partition("-")
@@ -144,4 +156,13 @@ def fault_path(spec: str) -> Any:
         ulps = int(ulp_text) * (-1 if sign == "-" else 1) if ulp_text else 1
     except ValueError:
         raise KeyError(f"path {spec!r}: expected 'fault:SITE@STEP' or 'fault:SITE@STEP+ULPS'") from None
+    if not site or step < 0 or ulps == 0:
+        raise KeyError(f"path {spec!r}: expected 'fault:SITE@STEP[+ULPS]' with a site name, a step >= 0 and a "
+                       "non-zero ULP count")
+    return site, step, ulps
+
+
+def fault_path(spec: str) -> Any:
+    """The path function for ``fault:SITE@STEP[+ULPS]`` (index 0 of the flattened output)."""
+    site, step, ulps = parse_fault(spec)
     return lambda model: inject_fault(model, site, step, 0, ulps)

@@ -187,19 +187,63 @@ def build_model(
             param.data = param.data.to(dtype)
         model.ulptrace_model_name = spec.name  # type: ignore[attr-defined]
     elif os.path.isdir(name_or_path):
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=dtype, attn_implementation=attn_implementation
-        ).to(device)
+        check_model(name_or_path)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                name_or_path, dtype=dtype, attn_implementation=attn_implementation
+            ).to(device)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            first = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip().splitlines()
+            raise ValueError(f"checkpoint directory {name_or_path} cannot be loaded by transformers: "
+                             f"{first[0] if first else type(exc).__name__}") from None
         model.ulptrace_model_name = os.path.abspath(name_or_path)  # type: ignore[attr-defined]
     else:
+        check_model(name_or_path)
+    model.ulptrace_seed = seed  # type: ignore[attr-defined]
+    model.requires_grad_(False)
+    return model.eval()
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def check_model(name_or_path: str) -> str:
+    """``name_or_path`` when it names an embedded model or a plausible local checkpoint directory.
+
+    Cheap (no weights are read), so a run can fail before building anything. Raises ``KeyError``
+    for a name that is neither an embedded model nor a directory, and ``ValueError`` for a
+    directory without a readable ``config.json`` (a JSON object with ``model_type``) or without
+    weights (``model.safetensors``, ``pytorch_model.bin`` or their sharded index).
+    """
+    import json
+
+    if name_or_path in MODELS:
+        return name_or_path
+    if not os.path.isdir(name_or_path):
         known = ", ".join(MODELS)
         raise KeyError(
             f"unknown model {name_or_path!r}: expected one of the embedded models ({known}) "
             "or a path to a local HF checkpoint directory"
         )
-    model.ulptrace_seed = seed  # type: ignore[attr-defined]
-    model.requires_grad_(False)
-    return model.eval()
+    config = os.path.join(name_or_path, "config.json")
+    if not os.path.isfile(config):
+        raise ValueError(f"checkpoint directory {name_or_path} has no config.json: expected an HF checkpoint "
+                         "(config.json plus model.safetensors or pytorch_model.bin)")
+    try:
+        with open(config, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config} is not a valid JSON file: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        found = sorted(data)[:6] if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{config} is not an HF model config: expected a JSON object with a 'model_type' "
+                         f"string, but found {found}")
+    entries = set(os.listdir(name_or_path))
+    if not entries & set(WEIGHT_FILES):
+        raise ValueError(f"checkpoint directory {name_or_path} has no weights: expected one of "
+                         f"{', '.join(WEIGHT_FILES)}, but found {', '.join(sorted(entries)) or 'nothing'}")
+    return name_or_path
 
 
 def count_parameters(name: str) -> int:

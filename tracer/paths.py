@@ -13,6 +13,10 @@ own kernels without writing code against ulptrace.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,13 +54,88 @@ def _set_attention(impl: str) -> PathFn:
     return apply
 
 
+class PathError(Exception):
+    """A path that failed in the user's own code: one line naming the path, plus the user's frames."""
+
+    def __init__(self, message: str, frames: str = "") -> None:
+        super().__init__(message)
+        self.frames = frames
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import ulptrace
+
+    dirs = {os.path.dirname(os.path.abspath(ulptrace.__file__))}
+    for mod in ("ulptrace.probes", "ulptrace.kernels"):
+        loaded = sys.modules.get(mod)
+        if loaded is not None and getattr(loaded, "__file__", None):
+            dirs.add(os.path.dirname(os.path.abspath(loaded.__file__)))
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.abspath(path))
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+def user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``exc``'s traceback in the user's own code: outside ulptrace, the standard
+    library and installed packages (site-packages)."""
+    library = _library_dirs()
+    frames = traceback.extract_tb(exc.__traceback__)
+    return [f for f in frames if f.filename and not f.filename.startswith("<")
+            and not os.path.abspath(f.filename).startswith(library)
+            and "site-packages" not in f.filename and "dist-packages" not in f.filename]
+
+
+def format_user_error(exc: BaseException) -> str:
+    """The user's frames of ``exc`` formatted like a traceback (without ulptrace's or torch's frames)."""
+    frames = user_frames(exc)
+    return "".join(traceback.format_list(frames)).rstrip() if frames else ""
+
+
+_ACTIVE_USER_PATHS: list[str] = []  # user paths currently applied, innermost last (for error messages)
+
+
+def active_user_paths() -> list[str]:
+    """Names of the user paths (``package.module:function``) applied right now."""
+    return list(_ACTIVE_USER_PATHS)
+
+
+def _is_user(name: str) -> bool:
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        target = spec.target
+        module = target.partition(":")[0] if isinstance(target, str) else getattr(target, "__module__", "") or ""
+        return not (module == "ulptrace" or module.startswith("ulptrace.") or module == __name__)
+    return not name.startswith(("hf:", "fault:")) and ":" in name
+
+
+def _check_import_string(target: str) -> tuple[str, str]:
+    module_name, colon, attr = target.partition(":")
+    parts = module_name.split(".")
+    if not colon or not module_name or not attr or not all(p.isidentifier() for p in parts) \
+            or not all(a.isidentifier() for a in attr.split(".")):
+        problem = ("the module name is empty" if not module_name else
+                   "the function name is empty" if not attr else
+                   f"{module_name!r} is not a dotted module name" if not all(p.isidentifier() for p in parts) else
+                   f"{attr!r} is not a function name")
+        raise KeyError(f"path {target!r}: expected package.module:function, but {problem}")
+    return module_name, attr
+
+
 def _import(target: str) -> PathFn:
-    module_name, _, attr = target.partition(":")
+    module_name, attr = _check_import_string(target)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise KeyError(f"path {target!r}: cannot import module {module_name!r} ({exc})") from None
-    fn = getattr(module, attr, None)
+        cwd = "" if "" in sys.path or os.getcwd() in sys.path else " (the current directory is not on sys.path)"
+        raise KeyError(f"path {target!r}: cannot import module {module_name!r} ({exc}){cwd}") from None
+    except Exception as exc:  # the user's module raised while being imported
+        raise PathError(f"path {target!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}",
+                        format_user_error(exc)) from exc
+    fn: Any = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
     if not callable(fn):
         raise KeyError(f"path {target!r}: module {module_name!r} has no function {attr!r}")
     return fn
@@ -129,6 +208,8 @@ class Applied:
         undo, self._undo = self._undo, None
         if undo is None:
             return
+        if self.name in _ACTIVE_USER_PATHS:
+            _ACTIVE_USER_PATHS.remove(self.name)
         for method in ("undo", "remove", "__exit__"):
             if hasattr(undo, method):
                 fn = getattr(undo, method)
@@ -140,21 +221,40 @@ class Applied:
     def __enter__(self) -> Applied:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        handle = self._handle
+        if isinstance(exc, BaseException) and self.name in _ACTIVE_USER_PATHS \
+                and not hasattr(exc, "ulptrace_path"):
+            exc.ulptrace_path = self.name  # type: ignore[attr-defined]  # the CLI names the path in its message
         self.undo()
+        # a path may check that it did its job (a fault that never fired): only after a clean run
+        verify = getattr(handle, "verify", None)
+        if exc_type is None and callable(verify):
+            verify()
 
 
 def apply_path(model: Any, name: str) -> Applied:
     """Apply path ``name`` to ``model`` in place; use the result as a context manager or call ``undo()``.
 
     Raises ``KeyError`` for an unknown path name, naming the known ones, and checks that the
-    named attention implementation exists.
+    named attention implementation exists. A user's path function that raises gives a
+    ``PathError`` naming the path, with the user's own frames. Used as a context manager, a path
+    whose handle has ``verify()`` is checked on a clean exit (a fault that never fired raises).
     """
     fn = resolve_path(name)
+    user = _is_user(name)
     try:
         handle = fn(model)
     except KeyError as exc:  # e.g. HF's "not a valid attention implementation"
-        raise KeyError(f"path {name!r} cannot be applied: {exc}") from None
+        message = exc.args[0] if exc.args else exc
+        raise KeyError(f"path {name!r} cannot be applied: {message}") from None
+    except Exception as exc:
+        if not user:
+            raise
+        raise PathError(f"path {name!r} raised {type(exc).__name__} while patching the model: {exc}",
+                        format_user_error(exc)) from exc
+    if user:
+        _ACTIVE_USER_PATHS.append(name)
     if hasattr(handle, "__enter__") and not hasattr(handle, "undo"):
         handle.__enter__()
     return Applied(name, handle)

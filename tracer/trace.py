@@ -6,6 +6,12 @@ a directory with ``manifest.json`` and one safetensors shard per step; it is wri
 temporary directory that is renamed into place, so a crash never leaves a partial trace under the
 final name. Loading checks the schema name and version and every shard's size, and says which
 check failed for a truncated, foreign or newer trace.
+
+A writer killed before it finishes (``kill -9``, a power cut) leaves its temporary directory
+behind: ``.NAME.ulptrace-tmp.PID.XXXX`` next to the final name, with a ``writer.json`` naming the
+owning process. ``stale_temporaries`` finds those whose process no longer exists on this host,
+``remove_stale`` deletes them; every new ``TraceWriter`` does that in its target directory, and
+``ulptrace clean [DIR]`` does it on request.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ import json
 import os
 import platform
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +33,8 @@ import torch
 SCHEMA = "ulptrace.trace"
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+TMP_MARK = ".ulptrace-tmp."  # in a temporary trace directory's name: .NAME.ulptrace-tmp.PID.XXXX
+OWNER_FILE = "writer.json"  # inside it: the owning process (pid, host, start time)
 
 
 class TraceError(ValueError):
@@ -158,7 +168,10 @@ class TraceWriter:
         if self.path.exists():
             raise FileExistsError(f"trace directory {self.path} already exists; choose a new path or remove it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
+        # temporaries of writers that were killed (their process is gone) are removed here
+        self.removed_stale: list[StaleTemporary] = remove_stale(self.path.parent)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}{TMP_MARK}{os.getpid()}.", dir=self.path.parent))
+        (self._tmp / OWNER_FILE).write_text(json.dumps(_owner()))
         self.metadata = dict(metadata or {})
         self._entries: list[dict[str, Any]] = []
         self._shards: dict[str, int] = {}
@@ -216,6 +229,7 @@ class TraceWriter:
             "shards": self._shards,
         }
         (self._tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False, default=str))
+        (self._tmp / OWNER_FILE).unlink(missing_ok=True)
         os.replace(self._tmp, self.path)
         self._closed = True
         return self.path
@@ -223,6 +237,71 @@ class TraceWriter:
     def abort(self) -> None:
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._closed = True
+
+
+def _owner() -> dict[str, Any]:
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    except OSError:
+        return True  # cannot tell: keep the directory
+    return True
+
+
+@dataclass
+class StaleTemporary:
+    """A temporary trace directory whose writer no longer runs (it was killed before ``close``)."""
+
+    path: Path
+    pid: int
+    bytes: int
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def stale_temporaries(directory: str | os.PathLike) -> list[StaleTemporary]:
+    """Temporary trace directories in ``directory`` whose owning process no longer exists on this host.
+
+    Only directories a ``TraceWriter`` made are considered (the ``.ulptrace-tmp.`` name and the
+    ``writer.json`` owner file); one written on another host, or whose process still runs (or
+    cannot be checked), is kept.
+    """
+    directory = Path(directory)
+    found: list[StaleTemporary] = []
+    if not directory.is_dir():
+        return found
+    host = socket.gethostname()
+    for entry in sorted(directory.iterdir()):
+        if not (entry.name.startswith(".") and TMP_MARK in entry.name and entry.is_dir() and not entry.is_symlink()):
+            continue
+        try:
+            owner = json.loads((entry / OWNER_FILE).read_text())
+            pid = int(owner["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not ours, or still being created
+        if owner.get("host") != host or pid == os.getpid() or _process_exists(pid):
+            continue
+        found.append(StaleTemporary(entry, pid, _size(entry)))
+    return found
+
+
+def remove_stale(directory: str | os.PathLike) -> list[StaleTemporary]:
+    """Remove what ``stale_temporaries(directory)`` finds; returns what was removed."""
+    removed = []
+    for stale in stale_temporaries(directory):
+        shutil.rmtree(stale.path, ignore_errors=True)
+        if not stale.path.exists():
+            removed.append(stale)
+    return removed
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -241,7 +320,12 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
         raise TraceError(f"{manifest_path} has schema {found!r}, expected {SCHEMA!r}: not a ulptrace trace")
     version = manifest.get("version")
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise TraceError(
+            f"{manifest_path} has a malformed 'version' field: expected an integer schema version such as "
+            f"{SCHEMA_VERSION}, but found {version!r} ({type(version).__name__})"
+        )
+    if version > SCHEMA_VERSION:
         raise TraceError(
             f"{path} was written with trace schema version {version!r}; this ulptrace reads versions up to "
             f"{SCHEMA_VERSION} — upgrade ulptrace to read it"

@@ -126,14 +126,16 @@ def tiny_llama(attn: str = "eager", dtype: torch.dtype = torch.bfloat16, family:
 def run_steps(model: torch.nn.Module, ids: torch.Tensor, steps: int = 2) -> list[torch.Tensor]:
     """Logits of a prefill and ``steps`` greedy decode steps with a DynamicCache."""
     from transformers.cache_utils import DynamicCache
+    from ulptrace.run import cache_kwarg
 
     cache = DynamicCache(config=model.config)
+    kwarg = cache_kwarg(model)  # `cache` in newer transformers; the old name warns
     logits = []
     with torch.no_grad():
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+        out = model(input_ids=ids, **{kwarg: cache}, use_cache=True)
         logits.append(out.logits)
         for _ in range(steps):
             nxt = out.logits[:, -1:].argmax(-1)
-            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            out = model(input_ids=nxt, **{kwarg: cache}, use_cache=True)
             logits.append(out.logits)
     return logits
