@@ -1,10 +1,10 @@
 """The matrix's cost: `ulptrace matrix` against bare greedy generation of the same checks.
 
 Reads a matrix report (``ulptrace matrix --json``, also a partial one left by a stopped run), re-runs exactly
-its checks' generations with nothing else — for every seed the two models are built (not timed, as the
-matrix's ``build_seconds`` are left out), for every batch the reference once, then every candidate check in a
-fresh ``Session`` (a fresh capture in graph mode), greedy, EOS disabled, no snapshots, no logits kept — and
-compares the times:
+its checks' generations with nothing else — for every seed the model is built (not timed, as the matrix's
+``build_seconds`` are left out; one copy, each path applied in turn, untimed), for every batch the reference
+once, then every candidate check in a fresh ``Session`` (a fresh capture in graph mode), greedy, EOS disabled,
+no snapshots, no logits kept — and compares the times:
 
 - ``ratio``: the matrix without model builds (reference + candidates + locating every divergent row) over
   the bare generations;
@@ -44,28 +44,27 @@ def bare_generation(report: dict) -> dict:
     seconds = 0.0
     runs = 0
     for seed in dict.fromkeys(s for s, _, _, _ in done):
-        ref_model = build_model(report["model"], dtype=dtype, device=device, seed=seed)
-        cand_model = build_model(report["model"], dtype=dtype, device=device, seed=seed)
-        prompts_all = make_prompts(ref_model.config.vocab_size, max(grid["batches"]), grid["prompt_len"], seed, device)
-        with apply_path(ref_model, ref_path), torch.no_grad():
+        model = build_model(report["model"], dtype=dtype, device=device, seed=seed)  # one copy; paths applied in turn
+        prompts_all = make_prompts(model.config.vocab_size, max(grid["batches"]), grid["prompt_len"], seed, device)
+        with torch.no_grad():
             for batch in dict.fromkeys(b for s, b, _, _ in done if s == seed):
                 prompts = prompts_all[:batch]
-                _sync(device)
-                start = time.perf_counter()
-                greedy(ref_model, prompts, grid["new_tokens"], session=Session(ref_model, ref_mode, max_len=cache_len))
-                _sync(device)
-                seconds += time.perf_counter() - start
+                with apply_path(model, ref_path):
+                    _sync(device)
+                    start = time.perf_counter()
+                    greedy(model, prompts, grid["new_tokens"], session=Session(model, ref_mode, max_len=cache_len))
+                    _sync(device)
+                    seconds += time.perf_counter() - start
                 runs += 1
                 for path in dict.fromkeys(p for s, b, p, _ in done if (s, b) == (seed, batch)):
-                    with apply_path(cand_model, path):
+                    with apply_path(model, path):
                         for mode in [m for s, b, p, m in done if (s, b, p) == (seed, batch, path)]:
                             start = time.perf_counter()
-                            greedy(cand_model, prompts, grid["new_tokens"],
-                                   session=Session(cand_model, mode, max_len=cache_len))
+                            greedy(model, prompts, grid["new_tokens"], session=Session(model, mode, max_len=cache_len))
                             _sync(device)
                             seconds += time.perf_counter() - start
                             runs += 1
-        del ref_model, cand_model
+        del model
     return {"seconds": seconds, "generations": runs}
 
 
@@ -94,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| {result['model']} | {result['checks']} ({result['generations']}) | {divergent} | {bare['seconds']:.1f} | "
           f"{matrix:.1f} ({own:.1f} + {timing['locate_seconds']:.1f}) | {result['ratio']:.2f}x | "
           f"{result['ratio_without_locating']:.2f}x |")
+    if not result["complete"]:
+        print(f"(a partial matrix report: the {result['checks']} checks run before it stopped)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -6,17 +6,18 @@
 #              located; then bench/bench_matrix.py: the matrix's time against bare generation of the same checks
 #   lockstep - `ulptrace lockstep` graph vs static eager, 15 decode steps, for hf and for kernels:fused
 #   batch    - `ulptrace batch-invariance` of hf at batches 1 2 4 8
-# Usage on the device machine:  OUT=/dir bash bench/gpu_generation.sh [PHASE ...]   (default: matrix lockstep batch)
+# Usage on the device machine:  OUT=/dir bash bench/gpu_generation.sh [PHASE ...]   (default: matrix batch lockstep)
 # Sizes (environment): SEEDS="0 1" BATCHES="1 2 4 8" ATTEMPTS=2 PROMPT_LEN=128 NEW_TOKENS=16 PROMPTS=8
 #   PATHS="hf kernels:faithful kernels:fused" LOCKSTEP_PATHS="hf kernels:fused" MODEL=qwen3.5-0.8b
-# Budgets (seconds, environment): LOCATE_SECONDS=110 (matrix: no row is located once locating has taken that
-#   long; the rest keep their first divergent step and near-tie class), BI_LOCATE_SECONDS=30; each phase is also
+# Budgets (seconds, environment): LOCATE_SECONDS=90 (matrix: no row is located once locating has taken that
+#   long; the rest keep their first divergent step and near-tie class), BI_LOCATE_SECONDS=25; each phase is also
 #   stopped by a timeout (SIGINT; the matrix keeps its partial JSON report, checks done so far):
-#   MATRIX_TIMEOUT=240 BENCH_TIMEOUT=70 LOCKSTEP_TIMEOUT=45 BI_TIMEOUT=60 (per lockstep path).
+#   MATRIX_TIMEOUT=230 BENCH_TIMEOUT=100 BI_TIMEOUT=100 LOCKSTEP_TIMEOUT=45 (per lockstep path).
 #   (a CPU smoke run of the script: DEVICE=cpu MODES="eager static" LOCKSTEP_MODE=static SKIP_INSTALL=1, tiny sizes)
-# Worst case with these budgets: about 8.5 minutes (setup ~1 min: install, kernel build); estimated typical 6-7.
-# To locate every divergent row, raise LOCATE_SECONDS and MATRIX_TIMEOUT (e.g. 400/520) and run `matrix` alone in
-# one call, `lockstep batch` in the next.
+# Time: `matrix batch` at most about 8 minutes with these budgets (setup ~1 min: install, kernel build); all three
+# phases at most about 9.5 (an earlier H200 call measured lockstep at 27 s per path and batch invariance at
+# batches 1 8, every row located, at 163 s). The lockstep phase is last since it was already measured. To locate
+# every divergent row of the matrix, raise LOCATE_SECONDS and MATRIX_TIMEOUT (e.g. 380/520), `matrix` alone.
 set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -32,13 +33,13 @@ LOCKSTEP_PATHS=${LOCKSTEP_PATHS:-hf kernels:fused}
 DEVICE=${DEVICE:-cuda}
 MODES=${MODES:-eager graph}
 LOCKSTEP_MODE=${LOCKSTEP_MODE:-graph}
-LOCATE_SECONDS=${LOCATE_SECONDS:-110}
-BI_LOCATE_SECONDS=${BI_LOCATE_SECONDS:-30}
-MATRIX_TIMEOUT=${MATRIX_TIMEOUT:-240}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-70}
+LOCATE_SECONDS=${LOCATE_SECONDS:-90}
+BI_LOCATE_SECONDS=${BI_LOCATE_SECONDS:-25}
+MATRIX_TIMEOUT=${MATRIX_TIMEOUT:-230}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-100}
 LOCKSTEP_TIMEOUT=${LOCKSTEP_TIMEOUT:-45}
-BI_TIMEOUT=${BI_TIMEOUT:-60}
-PHASES=${*:-matrix lockstep batch}
+BI_TIMEOUT=${BI_TIMEOUT:-100}
+PHASES=${*:-matrix batch lockstep}
 mkdir -p "$OUT"
 phase() {  # phase NAME SECONDS COMMAND...: run under a timeout (SIGINT), log to $OUT/NAME.log, record rc and time
   local name=$1 limit=$2; shift 2

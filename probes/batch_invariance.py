@@ -70,8 +70,12 @@ class BatchInvarianceConfig:
                      "candidate_mode": self.run.reference_mode, "extra": dict(self.run.extra)}).validate()
 
 
-def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Generate every prompt alone and in batches; returns the report (``summary``, ``rows``)."""
+def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], None] | None = None,
+                         on_batch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Generate every prompt alone and in batches; returns the report (``summary``, ``rows``).
+
+    ``on_batch`` receives the report so far (``complete`` false) after every batch size.
+    """
     say = progress or (lambda msg: None)
     cfg.validate()
     run = cfg.run
@@ -116,9 +120,18 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                 rows += found
             summary.append({"batch": batch, "exact": exact, "rows": count})
             say(f"  batch {batch}: {exact} of {count} rows token-exact")
+            if on_batch is not None:
+                on_batch(_report(cfg, count, summary, rows, started, complete=False))
+    return _report(cfg, count, summary, rows, started, complete=True)
+
+
+def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]], rows: list[dict[str, Any]],
+            started: float, *, complete: bool) -> dict[str, Any]:
+    run = cfg.run
     return {
         "schema": SCHEMA,
         "version": 1,
+        "complete": complete,
         "model": run.model,
         "path": run.reference,
         "mode": run.reference_mode,

@@ -1,19 +1,30 @@
 """The ``ulptrace`` command line: thin wrappers over the library.
 
-``ulptrace models | paths | record | compare | onset | semantics``. Long work reports progress on
-stderr; results go to stdout as a table, and to files with ``--json FILE`` / ``--markdown FILE``.
-Bad input (unknown model, path, site, a broken trace) exits with status 2 and one line saying what
-was expected and what was found, never a traceback.
+``ulptrace models | paths | record | compare | onset | semantics | clean``. Long work reports
+progress on stderr; results go to stdout as a table, and to files with ``--json FILE`` /
+``--markdown FILE``. Bad input (unknown model, path, site, an empty selection, a broken trace, an
+unwritable output path, traces of different run inputs) exits with status 2 and one line saying
+what was expected and what was found, never a traceback — checked before the first model is built
+wherever possible. A user's path function that raises gets one line naming the path plus the
+user's own frames; Ctrl-C exits 130 with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (exit 2) instead of the usage block."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> None:
@@ -26,12 +37,15 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
     g.add_argument("--prompts", type=int, default=2, help="number of seeded random prompts (batch rows)")
     g.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
     g.add_argument("--new-tokens", type=int, default=4, help="greedy steps: prefill + new_tokens-1 decodes")
+    g.add_argument("--cache-len", type=int, default=None, help="static-cache length for the static and graph modes "
+                   "(default prompt length + new tokens)")
     g.add_argument("--seed", type=int, default=0, help="seed for weights and prompts")
-    g.add_argument("--device", default="cpu")
-    g.add_argument("--dtype", default="bfloat16")
+    g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    g.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     s = parser.add_argument_group("selection")
     s.add_argument("--sites", nargs="*", default=None, metavar="GLOB", help="site name globs, e.g. 'layers.*.mlp.glu'")
-    s.add_argument("--kinds", nargs="*", default=None, help="site kinds (norm, glu, gates, attention, ...)")
+    s.add_argument("--kinds", nargs="*", default=None, metavar="KIND",
+                   help="site kinds (norm, gated_norm, glu, gates, attention, residual, state, logits, linear, other)")
     s.add_argument("--layers", default=None, help="layer range, e.g. 2:5")
     s.add_argument("--steps", default=None, help="step range, e.g. 0:3 (0 = prefill)")
 
@@ -90,7 +104,7 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
     from ulptrace.run import RunConfig
 
     fields = dict(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                  seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites, kinds=args.kinds,
+                  cache_len=args.cache_len, seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites, kinds=args.kinds,
                   layers=args.layers, steps=args.steps)
     fields.update(overrides)
     return RunConfig(**fields)
@@ -99,6 +113,58 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
 def report_progress(msg: str) -> None:
     """One progress line on stderr (every command, and ``trace_norm_rounding``, reports this way)."""
     print(f"[ulptrace] {msg}", file=sys.stderr, flush=True)
+
+
+PATH_HELP = ("a registered path (`ulptrace paths` lists them: hf, hf:attn=<impl>, kernels:faithful, kernels:fused, "
+             "compile, compile:emulate, liger, hf:fla), "
+             "fault:SITE@STEP[+ULPS], or your own package.module:function that patches the model in place")
+
+
+def add_path_options(parser: argparse.ArgumentParser, candidate_default: str) -> None:
+    """``--reference`` and ``--candidate`` (onset, ``trace_norm_rounding``)."""
+    parser.add_argument("--reference", default="hf", metavar="PATH",
+                        help="the path judged against (default hf, HF as configured): " + PATH_HELP)
+    parser.add_argument("--candidate", default=candidate_default, metavar="PATH",
+                        help=f"the path under test (default {candidate_default}): " + PATH_HELP)
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+    """A report file we will write: not a directory, in an existing writable directory ('-' is stdout)."""
+    if path is None or path == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path} is a directory: expected a file name to write the report to")
+    _check_parent(target, flag, path)
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {path} exists and is not writable")
+
+
+def check_output_dir(path: str | None, flag: str) -> None:
+    """A trace directory we will create: must not exist yet; its parent must exist and be writable."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.exists() or target.is_symlink():
+        kind = "a directory" if target.is_dir() else "a file"
+        raise ValueError(f"{flag} {path} already exists ({kind}): expected a new trace directory name "
+                         "(remove it or choose another)")
+    _check_parent(target, flag, path)
+
+
+def _check_parent(target: Path, flag: str, path: str) -> None:
+    parent = target.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: the directory {str(parent)!r} is not writable")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path of a command, checked before any work (a bad path must not cost a run)."""
+    check_output_file(getattr(args, "json", None), "--json")
+    check_output_file(getattr(args, "markdown", None), "--markdown")
+    check_output_dir(getattr(args, "out", None), "--out")
 
 
 def emit(data: dict[str, Any], args: argparse.Namespace, table: str) -> None:
@@ -137,8 +203,42 @@ def cmd_paths(args: argparse.Namespace) -> int:
         missing = unavailable(name)
         print(f"{name:<18} {description}" + (f" [not available here: {missing}]" if missing else ""))
     print(f"{'hf:attn=<impl>':<18} HF with another attention implementation")
+    print(f"{'fault:SITE@STEP[+ULPS]':<18} HF with one element of SITE's output at STEP moved by ULPS (default 1) "
+          "ULPs, e.g. fault:layers.1.mlp.glu@2+1: checks that a setup locates a difference exactly")
     print(f"{'pkg.module:fn':<18} your own function fn(model) that patches the model in place")
     return 0
+
+
+def _recorded_model_name(model: str) -> str:
+    """The model name a trace records for ``--model`` (embedded name, or the checkpoint's absolute path)."""
+    from ulptrace.models import MODELS
+
+    return model if model in MODELS else os.path.abspath(model)
+
+
+def forced_tokens(trace: str, cfg: Any) -> Any:
+    """The tokens ``trace`` was fed at its decode steps, checked against the run ``cfg`` will make."""
+    import torch
+    from ulptrace.run import fed_tokens, input_differences
+    from ulptrace.trace import read_manifest
+
+    meta = read_manifest(trace)["metadata"]
+    planned = {"model": _recorded_model_name(cfg.model), "seed": cfg.seed, "prompts": [cfg.prompts, cfg.prompt_len],
+               "new_tokens": cfg.new_tokens}
+    differences = input_differences(meta, planned)
+    if differences:
+        raise ValueError(f"--forced-from {trace} was recorded with other run inputs than this run ("
+                         f"{'; '.join(d.replace('reference', 'that trace').replace('candidate', 'this run') for d in differences)}"
+                         "): use the same --model, --seed, --prompts, --prompt-len and --new-tokens")
+    tokens = fed_tokens(meta)
+    if tokens is None:
+        raise ValueError(f"--forced-from {trace}: the trace records no tokens (expected a trace written by "
+                         "`ulptrace record`, whose manifest has a 'tokens' key)")
+    forced = torch.tensor(tokens, dtype=torch.long)
+    if cfg.new_tokens > 1 and tuple(forced.shape) != (cfg.prompts, cfg.new_tokens - 1):
+        raise ValueError(f"--forced-from {trace}: expected tokens of shape [{cfg.prompts}, {cfg.new_tokens - 1}] "
+                         f"(prompts x decode steps), but the trace has {list(forced.shape)}")
+    return forced
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -154,20 +254,33 @@ def cmd_record(args: argparse.Namespace) -> int:
     cfg = _config(args, reference=args.path, reference_mode=args.mode)
     cfg.validate()
     resolve_path(args.path)
+    forced = forced_tokens(args.forced_from, cfg) if args.forced_from else None
     model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
     prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-    with apply_path(model, args.path) as applied:
-        writer = TraceWriter(args.out)
-        meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info, "selection": selection(cfg)}
-        try:
+    writer = None
+    try:
+        with apply_path(model, args.path) as applied:
+            writer = TraceWriter(args.out)
+            for stale in writer.removed_stale:
+                report_progress(f"removed {stale.path}: a temporary trace directory of a writer that no longer runs "
+                          f"(pid {stale.pid}, {stale.bytes:,} bytes)")
+            meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info, "selection": selection(cfg),
+                    "forced_from": str(Path(args.forced_from).resolve()) if args.forced_from else None}
             with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
                           path=args.path, metadata=meta) as rec, torch.no_grad():
-                tokens = greedy(model, prompts, cfg.new_tokens, mode=args.mode)
-        except BaseException:
+                tokens = greedy(model, prompts, cfg.new_tokens, forced=forced, mode=args.mode)
+            fed = forced if forced is not None else tokens[:, :-1]
+            metadata = {**rec.metadata, "tokens": tokens.tolist(), "fed_tokens": fed.tolist()}
+        writer.close(metadata)  # after the path is undone and verified (a fault that never fired raises)
+    except BaseException:
+        if writer is not None:
             writer.abort()
-            raise
-        writer.close({**rec.metadata, "tokens": tokens.tolist()})
-    report_progress(f"trace written to {args.out}")
+        raise
+    if forced is not None:
+        report_progress(f"trace written to {args.out}; decode steps were fed the tokens of {args.forced_from} (forced)")
+    else:
+        report_progress(f"trace written to {args.out}; decode steps were fed this path's own greedy tokens (not forced: "
+                  "to compare it with a reference trace step for step, record it with --forced-from REFERENCE)")
     return 0
 
 
@@ -176,7 +289,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from ulptrace.report import to_table
     from ulptrace.trace import LazyTrace
 
+    from ulptrace.run import input_differences
+
     reference, candidate = LazyTrace(args.reference), LazyTrace(args.candidate)
+    differences = input_differences(reference.metadata, candidate.metadata)
+    if differences and not args.allow_different_inputs:
+        raise ValueError(f"the traces were recorded with different run inputs, so their records do not "
+                         f"correspond: {'; '.join(differences)} (--allow-different-inputs compares them anyway)")
+    shared = set(reference.keys()) & set(candidate.keys())
+    if not shared:
+        raise ValueError(f"the traces share no (site, step) record: the reference has {len(reference)} records "
+                         f"(e.g. {_first_keys(reference)}), the candidate {len(candidate)} (e.g. {_first_keys(candidate)})")
+    inputs = _inputs_note(reference.metadata, candidate.metadata, differences)
+    for difference in differences:
+        report_progress(f"warning: run inputs differ ({difference}); compared anyway (--allow-different-inputs)")
     with ExitStack() as stack:  # the rebuilt reference keeps its path applied while it judges, then undone
         judge = None
         if not args.no_oracle:
@@ -186,8 +312,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                     judge_reference=args.check_reference)
         comparison = compare(reference, candidate, judge=judge, max_ulp=args.max_ulp)
     data = comparison.to_json(allow=parity_allow(args))
-    emit(data, args, to_table(data, all_rows=args.all))
+    data["inputs"] = inputs
+    emit(data, args, to_table(data, all_rows=args.all) + "\ninputs: " + inputs["note"])
     return 1 if args.fail_on_onset and not data["parity"]["ok"] else 0
+
+
+def _first_keys(trace: Any) -> str:
+    keys = trace.keys()[:2]
+    return ", ".join(f"{site}@{step}" for site, step in keys) or "none"
+
+
+def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differences: list[str]) -> dict[str, Any]:
+    """What the report says about the two runs' inputs (``inputs`` in the JSON)."""
+    from ulptrace.run import fed_tokens
+
+    forced_from = candidate.get("forced_from")
+    ref_fed, cand_fed = fed_tokens(reference), fed_tokens(candidate)
+    if differences:
+        note = "the run inputs DIFFER (" + "; ".join(differences) + "): differences below may come from the inputs"
+    elif ref_fed is None or cand_fed is None:
+        note = ("unknown whether both runs were fed the same tokens (a trace records no tokens); the model, seed "
+                "and prompt shape agree")
+    elif forced_from:
+        note = f"same model, seed and prompts; the candidate was fed the reference's tokens (forced from {forced_from})"
+    else:
+        note = ("same model, seed and prompts; the candidate was not forced (--forced-from), but its own greedy "
+                "tokens equal the reference's, so both runs were fed the same tokens")
+    return {"same": not differences, "differences": differences, "candidate_forced_from": forced_from, "note": note}
 
 
 def cmd_onset(args: argparse.Namespace) -> int:
@@ -214,6 +365,20 @@ def cmd_onset(args: argparse.Namespace) -> int:
                                     f"candidate's own choice first differs at step {flip['step']} (row {flip['row']})")
     emit(data, args, table)
     return 1 if args.fail_on_onset and not data["parity"]["ok"] else 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from ulptrace.trace import remove_stale
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise ValueError(f"{args.directory} is not a directory (expected the directory holding your traces)")
+    removed = remove_stale(directory)
+    for stale in removed:
+        print(f"removed {stale.path} ({stale.bytes:,} bytes): its writer (pid {stale.pid}) no longer runs")
+    if not removed:
+        print(f"no stale temporary trace directories in {directory}")
+    return 0
 
 
 def cmd_semantics(args: argparse.Namespace) -> int:
@@ -280,6 +445,18 @@ def _check_plot(args: argparse.Namespace) -> None:
             raise ValueError(f"--plot {exc}") from None
 
 
+def _partial_writer(args: argparse.Namespace) -> Any:
+    """A callback rewriting ``--json FILE`` with the report so far, so a stopped run leaves what it did."""
+
+    def write(partial: dict[str, Any]) -> None:
+        if args.json and args.json != "-":
+            from ulptrace.report import to_json
+
+            Path(args.json).write_text(to_json(partial))
+
+    return write
+
+
 _PATHS = ("a path: hf, hf:attn=<impl>, kernels:faithful, kernels:fused, fault:SITE@STEP[+ULPS] or your own "
           "package.module:function (`ulptrace paths` lists them)")
 
@@ -298,14 +475,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                        candidates=args.candidate, seeds=args.seeds, batches=args.batches, modes=modes,
                        graph_attempts=args.graph_attempts, locate=not args.no_locate, locate_limit=args.locate_limit,
                        locate_seconds=args.locate_seconds)
-
-    def keep_partial(partial: dict[str, Any]) -> None:  # a stopped run still leaves the checks done so far
-        if args.json and args.json != "-":
-            from ulptrace.report import to_json
-
-            Path(args.json).write_text(to_json(partial))
-
-    report = run_matrix(cfg, progress=report_progress, on_check=keep_partial)
+    report = run_matrix(cfg, progress=report_progress, on_check=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
 
@@ -337,7 +507,7 @@ def cmd_batch_invariance(args: argparse.Namespace) -> int:
     cfg = BatchInvarianceConfig(_config(args, reference=args.path, reference_mode=args.mode,
                                         oracle=not args.no_oracle, max_ulp=args.max_ulp),
                                 batches=args.batches, locate=not args.no_locate, locate_seconds=args.locate_seconds)
-    report = run_batch_invariance(cfg, progress=report_progress)
+    report = run_batch_invariance(cfg, progress=report_progress, on_batch=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
 
@@ -405,30 +575,36 @@ def add_generation_commands(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ulptrace", description="Trace where a kernel-injected HF model diverges "
-                                     "from HF, in ULPs, judged against an FP64 oracle.")
+    parser = Parser(prog="ulptrace", description="Trace where a kernel-injected HF model diverges "
+                    "from HF, in ULPs, judged against an FP64 oracle.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the embedded models").set_defaults(fn=cmd_models)
     sub.add_parser("paths", help="list the registered paths").set_defaults(fn=cmd_paths)
 
     p = sub.add_parser("record", help="record one path's trace to a directory")
     add_run_options(p)
-    p.add_argument("--path", default="hf", help="path to record (default hf)")
+    p.add_argument("--path", default="hf", metavar="PATH", help="path to record (default hf): " + PATH_HELP)
     add_mode_option(p, "--mode", "the path")
-    p.add_argument("--out", required=True, help="trace directory to create")
+    p.add_argument("--out", required=True, help="trace directory to create (must not exist)")
+    p.add_argument("--forced-from", metavar="TRACE", default=None,
+                   help="feed the decode steps the tokens recorded in TRACE (a reference recorded with the same "
+                        "model, seed and prompts), so `compare TRACE OUT` aligns step for step as `onset` does")
     p.set_defaults(fn=cmd_record)
 
     p = sub.add_parser("compare", help="compare two recorded traces")
-    p.add_argument("reference")
-    p.add_argument("candidate")
+    p.add_argument("reference", help="the reference trace directory (judged against)")
+    p.add_argument("candidate", help="the candidate trace directory (the path under test; record it with "
+                                     "--forced-from REFERENCE so both were fed the same tokens)")
+    p.add_argument("--allow-different-inputs", action="store_true",
+                   help="compare traces recorded with different model, seed, prompts, steps or fed tokens "
+                        "(refused by default: their records do not correspond)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     add_report_options(p)
     p.set_defaults(fn=cmd_compare)
 
     p = sub.add_parser("onset", help="record both paths (streaming) and report where divergence begins")
     add_run_options(p)
-    p.add_argument("--reference", default="hf", help="the reference path (default hf; `ulptrace paths` lists them)")
-    p.add_argument("--candidate", default="hf", help="the path under test: a registered name or package.module:function")
+    add_path_options(p, "hf")
     add_mode_option(p, "--reference-mode", "the reference")
     add_mode_option(p, "--candidate-mode", "the candidate")
     p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
@@ -446,29 +622,81 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("semantics", help="print where the reference rounds at a site (the oracle's op list)")
     p.add_argument("--model", default="tiny-qwen3.5")
     p.add_argument("--site", required=True, help="a site name, e.g. layers.0.linear_attn.norm")
-    p.add_argument("--path", default="hf")
+    p.add_argument("--path", default="hf", metavar="PATH", help="the path whose modules define the semantics "
+                   "(default hf): " + PATH_HELP)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_semantics)
+
+    p = sub.add_parser("clean", help="remove temporary trace directories left behind by killed `record` runs")
+    p.add_argument("directory", nargs="?", default=".", help="where to look (default: the current directory)")
+    p.set_defaults(fn=cmd_clean)
     add_generation_commands(sub)
     return parser
 
 
+USER_ERRORS = (KeyError, ValueError, OSError)
+"""Exceptions that mean bad input (``TraceError`` is a ``ValueError``; ``FileExistsError``,
+``PermissionError``, ``IsADirectoryError`` are ``OSError``s): one line, exit 2."""
+
+
 def run_cli(fn: Any, args: argparse.Namespace) -> int:
-    """Run a command; user errors become one line on stderr and exit status 2."""
-    from ulptrace.trace import TraceError
+    """Run a command; user errors become one line on stderr and exit status 2, Ctrl-C exit 130.
+
+    Output paths are checked first. An exception raised in the user's own code (a path function,
+    or a forward it patched in) is reported with the path's name and the user's frames only; any
+    other exception is a bug in ulptrace and keeps its traceback.
+    """
+    from ulptrace.paths import PathError, format_user_error
 
     try:
+        check_outputs(args)
         return int(fn(args) or 0)
-    except (KeyError, ValueError, FileExistsError, FileNotFoundError, TraceError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        print(f"ulptrace: error: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("ulptrace: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except PathError as exc:
+        _user_error(str(exc), exc.frames)
         return 2
+    except Exception as exc:
+        frames = format_user_error(exc)
+        path = getattr(exc, "ulptrace_path", None)
+        if frames:
+            where = f"path {path!r}" if path else "your code"
+            _user_error(f"{where} raised {type(exc).__name__} during the run: {_message(exc)}", frames)
+            return 2
+        if isinstance(exc, USER_ERRORS):
+            print(f"ulptrace: error: {_message(exc)}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _message(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return str(text) or type(exc).__name__
+
+
+def _user_error(line: str, frames: str) -> None:
+    print(f"ulptrace: error: {line}", file=sys.stderr)
+    if frames:
+        print("  in your code (most recent call last):\n" + frames, file=sys.stderr)
+
+
+def cwd_on_path() -> None:
+    """Put the working directory on ``sys.path`` as ``python -m`` does, so a ``module:function`` path
+    in the current directory resolves from the console scripts too."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_transformers()
-    return run_cli(args.fn, args)
+    try:
+        args = build_parser().parse_args(argv)
+        cwd_on_path()
+        quiet_transformers()
+        return run_cli(args.fn, args)
+    except KeyboardInterrupt:
+        print("ulptrace: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def quiet_transformers() -> None:
