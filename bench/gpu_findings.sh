@@ -49,9 +49,9 @@ job() {  # job NAME TIMEOUT ENV... -- ARGS...: one onset run, its log and JSON u
 job compile 400 TORCHINDUCTOR_COMPILE_THREADS=6 -- --candidate compile --new-tokens 2 --check-observation &
 job compile_emulate 400 TORCHINDUCTOR_COMPILE_THREADS=6 -- --candidate compile:emulate --new-tokens 2 \
     --check-observation &
-job liger 300 X=1 -- --candidate liger --new-tokens 4 &
-job fla_folder 300 ULPTRACE_FLA_DIR=/tmp/fla -- --candidate hf:fla --new-tokens 4 --check-reference
-job fla_bound 240 PYTHONPATH=/tmp/fla -- --candidate hf:fla --new-tokens 4
+job liger 300 ULPTRACE_JOB=liger -- --candidate liger --new-tokens 4 &
+job fla_folder 240 ULPTRACE_FLA_DIR=/tmp/fla -- --candidate hf:fla --new-tokens 4 --check-reference
+job fla_bound 180 PYTHONPATH=/tmp/fla -- --candidate hf:fla --new-tokens 4
 wait
 cat "$OUT/jobs.txt"
 for f in compile compile_emulate liger fla_folder fla_bound; do echo "== $f"; tail -n 6 "$OUT/$f.txt"; done
