@@ -6,8 +6,8 @@ Liger-Kernel and flash-linear-attention only when their path is applied, so noth
 until it is asked for. Each path returns a handle whose ``undo()`` restores everything it changed, and whose
 ``info`` (the report's ``path_info``) says what ran.
 
-- ``compile``, ``compile:emulate``: the whole model compiled in place (``model.compile()``, as users do),
-  so Inductor fuses across sites as it does in production; ``compile:emulate`` with
+- ``compile``, ``compile:emulate``: the whole model compiled in place (``model.compile(dynamic=False)``, as
+  users do, with static shapes), so Inductor fuses across sites as it does in production; ``compile:emulate`` with
   ``torch._inductor.config.emulate_precision_casts`` set (a process-global setting, set while the path is
   applied and restored on undo). Observing a site inside a compiled graph makes its value a graph output,
   and Inductor then materialises (rounds) values it would otherwise keep in FP32 inside a fused kernel —
@@ -28,7 +28,7 @@ until it is asked for. Each path returns a handle whose ``undo()`` restores ever
   the import path so HF's import-time binding never sees it, or from the environment when it is importable
   there — in which case HF bound FLA at import and the reference must be forced back onto HF's torch scan:
   ``hf:scan=torch`` does that, and ``onset`` runs it as the reference of an ``hf:fla`` candidate whose
-  reference is ``hf`` (``ulptrace.paths.reference_for``). Both report which scan ran (``path_info``).
+  reference is ``hf`` (``ulptrace.run.paired_reference``). Both report which scan ran (``path_info``).
 """
 
 from __future__ import annotations
