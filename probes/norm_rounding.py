@@ -193,9 +193,12 @@ def _tree_sentence(data: dict[str, Any]) -> str:
 
 
 def norm_kinds(kinds: Sequence[str] | None) -> list[str]:
-    """The norm kinds to record: ``kinds`` (``--kinds``) when given, which must be norm kinds; else all."""
-    if not kinds:
+    """The norm kinds to record: ``kinds`` (``--kinds``) when given, which must be norm kinds; else all.
+    ``--kinds`` given without a value is refused, not read as every norm kind."""
+    if kinds is None:
         return list(NORM_KINDS)
+    if not kinds:
+        raise ValueError(f"--kinds needs at least one kind: expected some of {', '.join(NORM_KINDS)}")
     other = [k for k in kinds if k not in NORM_KINDS]
     if other:
         raise ValueError(f"trace_norm_rounding looks at norm kinds only: --kinds must be some of "

@@ -48,16 +48,14 @@ def no_model(monkeypatch):
 SELECTIONS = [
     (["--layers", "5:2"], "--layers 5:2 is an empty range"),
     (["--steps", "7:9"], "--steps 7:9 selects no step: the run has steps 0..1"),
-    (["--kinds"], "--kinds needs at least one kind: expected some of norm, gated_norm, glu"),
+    (["--kinds"], "--kinds needs at least one kind: expected some of norm, gated_norm"),
     (["--sites"], "--sites needs at least one GLOB"),
     (["--layers", "x"], "--layers: expected a range like '3', '2:5' or '2:', but got 'x'"),
 ]
 
 
-# trace_norm_rounding's --kinds is wired (or dropped) by the "options honoured" part of issue 9, not here
 @pytest.mark.parametrize("command, extra, message",
-                         [(c, e, m) for c in ("onset", "record", "trace_norm_rounding") for e, m in SELECTIONS
-                          if not (c == "trace_norm_rounding" and e[0] == "--kinds")])
+                         [(c, e, m) for c in ("onset", "record", "trace_norm_rounding") for e, m in SELECTIONS])
 def test_empty_selection_without_a_model_is_exit_2(command, extra, message, tmp_path, capsys, no_model) -> None:
     argv = [*TINY, *extra]
     if command == "trace_norm_rounding":
