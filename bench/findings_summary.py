@@ -40,6 +40,11 @@ def _info(info: dict[str, Any] | None) -> str:
     return json.dumps(keep, sort_keys=True)
 
 
+def _share(x: float) -> str:
+    """A share as a percentage: whole when exactly 0 or 1, else to a thousandth of a percent (never rounded to 100%)."""
+    return f"{x:.0%}" if x in (0, 1) else f"{x:.3%}"
+
+
 def summarise(path: str) -> str:
     data = json.loads(Path(path).read_text())
     ref, cand = data["reference"], data["candidate"]
@@ -70,13 +75,26 @@ def summarise(path: str) -> str:
         explained = (onset_site or {}).get("explained")
         lines.append(f"- onset: {_at(onset)}, reason `{onset.get('reason')}`, verdict `{worst}` "
                      f"({', '.join(f'{k} {verdicts[k]}' for k in VERDICTS if verdicts.get(k))})"
-                     + (f", boundary: {boundary}" + (f" ({explained:.0%} of out-of-set elements)"
+                     + (f", boundary: {boundary}" + (f" ({_share(explained)} of out-of-set elements)"
                                                       if isinstance(explained, (int, float)) else "") if boundary else ""))
     else:
         lines.append("- onset: none")
     lines.append("- verdict totals (elements, judged records): " + ", ".join(f"{k} {totals[k]:,}" for k in VERDICTS))
     for name, n in boundaries.most_common():
         lines.append(f"  - boundary in {n} record(s) — {name}")
+    errors = [s for s in data["sites"] if (s.get("verdicts") or {}).get("error")]
+    if errors:
+        lines.append(f"  - error in {len(errors)} record(s): " + "; ".join(
+            f"step {s['step']} `{s['site']}` {s['verdicts']['error']} element(s), up to {s.get('max_error_ulp')} ULP "
+            "outside the admissible set" for s in errors[:6]) + ("; ..." if len(errors) > 6 else ""))
+    checked = [s for s in data["sites"] if s.get("reference_outside") is not None]
+    if checked:
+        outside = [s for s in checked if s["reference_outside"]]
+        lines.append("- reference's own admissibility (`--check-reference`): " + (
+            f"{sum(s['reference_outside'] for s in outside):,} element(s) of the reference outside its admissible "
+            f"set, in {len(outside)} of {len(checked)} checked record(s)" if outside else
+            f"the reference's outputs inside their admissible sets in all {len(checked)} checked record(s) "
+            "(0 elements outside)"))
     run = data.get("run") or {}
     flip = run.get("first_token_flip")
     if run.get("reference_tokens") is not None:
