@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
 from ulptrace.trace import Record, Trace
-from ulptrace.ulp import FORMATS, ROW_HISTOGRAM_BUCKETS, bits, row_histogram, row_ulp_distance, ulp_stats
+from ulptrace.ulp import FORMATS, PendingStats, RecordStats, bits, pending_stats, resolve_stats
 
 ONSET_REASONS = ("verdict", "unjudged", "unobserved")
 COULD_NOT_JUDGE = "could_not_judge"
@@ -98,25 +98,12 @@ class SiteDiff:
         return asdict(self)
 
 
-def _ulp_stats(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int | None, dict[str, int]]:
-    """(differing count, max ULP or None when not measurable, histogram) of two same-shape tensors."""
+def _stats(a: torch.Tensor, b: torch.Tensor) -> PendingStats | RecordStats:
+    """The statistics of two same-shape tensors of one dtype: pending (``ulptrace.ulp.pending_stats``, nothing
+    waits for a CUDA device) for the float formats; counted now for integer / bool records (no ULPs)."""
     if a.dtype in FORMATS:
-        return tuple(ulp_stats(a, b))  # type: ignore[return-value]
-    differing = int((a != b).sum())  # integer / bool records: count only
-    return differing, None, {}
-
-
-def _row_stats(reference: torch.Tensor, candidate: torch.Tensor, equal: bool = False
-               ) -> tuple[float | None, dict[str, int]]:
-    """(greatest difference in ULPs of the row's magnitude, its histogram); (None, {}) when not measurable.
-    ``equal``: the two are known to be bitwise equal (every distance 0, nothing to compute)."""
-    if reference.dtype not in FORMATS:
-        return None, {}
-    if equal:
-        return 0.0, {k: (reference.numel() if k == "0" else 0) for k in ROW_HISTOGRAM_BUCKETS}
-    dist = row_ulp_distance(reference, candidate)
-    finite = dist.distance[~dist.nonfinite]
-    return (float(finite.max()) if finite.numel() else 0.0), row_histogram(dist)
+        return pending_stats(a, b)
+    return RecordStats(bitwise_equal(a, b), int((a != b).sum()), None, {}, None, {})  # type: ignore[arg-type]
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -165,6 +152,13 @@ def without_cache_padding(record: Record) -> Record:
 
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
     """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
+    pending = start_diff(reference, candidate, judge)
+    return pending if isinstance(pending, dict) else finish_diffs([pending])[0]
+
+
+def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> _PendingDiff | dict:
+    """``diff_records`` without waiting for the device: the statistics are enqueued (read them, for many
+    records at once, with ``finish_diffs``); the judge, if any, runs now. A mismatch dict as ``diff_records``."""
     reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
     ref, cand = reference.out, candidate.out
     note = None
@@ -182,34 +176,67 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
             "reason": f"reference has {str(ref.dtype).removeprefix('torch.')} {list(ref.shape)}, "
                       f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
         }
-    # statistics where the records are (one device), bitwise-equal records in one comparison pass
-    ref = ref.to(cand.device)  # compared where the candidate's record was produced
-    equal = bitwise_equal(ref, cand)
-    differing, max_ulp, hist = _ulp_stats(ref, cand)
-    max_row_ulp, row_hist = _row_stats(ref, cand, equal)
-    inputs: dict[str, int | None] = {}
+    # statistics where the candidate's record was produced, started without waiting for the device
+    ref = ref.to(cand.device, non_blocking=True)
+    inputs: dict[str, PendingStats | RecordStats | None] = {}
     for role, r_in in reference.inputs.items():
         c_in = candidate.inputs.get(role)
         if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
             inputs[role] = None
             continue
-        r_in = r_in.to(c_in.device)
-        _, in_max, _ = _ulp_stats(r_in, c_in)
-        inputs[role] = in_max if in_max is not None else int(not torch.equal(r_in, c_in))
-    diff = SiteDiff(
-        site=reference.site, step=reference.step, kind=reference.kind, layer=reference.layer,
-        elements=ref.numel(), differing=differing, max_ulp=max_ulp, histogram=hist,
-        bitwise_equal=equal, dtype=str(ref.dtype).removeprefix("torch."),
-        shape=list(ref.shape), input_delta=inputs, note=note, max_row_ulp=max_row_ulp, row_histogram=row_hist,
-    )
+        inputs[role] = _stats(r_in.to(c_in.device, non_blocking=True), c_in)
+    pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(), list(ref.shape), str(ref.dtype).removeprefix("torch."), note,
+                           _stats(ref, cand), inputs)
     if judge is not None:
-        judged = judge(reference, candidate)
-        if judged:
-            for key, value in judged.items():
-                if key == "note" and diff.note:
-                    value = f"{diff.note}; {value}"
-                setattr(diff, key, value)
-    return diff
+        pending.judged = judge(reference, candidate)
+    return pending
+
+
+@dataclass
+class _PendingDiff:
+    """A ``SiteDiff`` whose statistics may still be computing on the device (``finish_diffs`` completes it)."""
+
+    key: tuple[str, int, str, int | None]  # the reference record's site, step, kind, layer (not its tensors)
+    elements: int
+    shape: list[int]
+    dtype: str
+    note: str | None
+    stats: PendingStats | RecordStats
+    inputs: dict[str, PendingStats | RecordStats | None]
+    judged: dict[str, Any] | None = None
+
+
+def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
+    """The ``SiteDiff`` of each ``start_diff`` result, in order, waiting for the device once."""
+    waiting = [x for p in pending for x in (p.stats, *p.inputs.values()) if isinstance(x, PendingStats)]
+    results = iter(resolve_stats(waiting))
+
+    def done(x: PendingStats | RecordStats) -> RecordStats:
+        return next(results) if isinstance(x, PendingStats) else x
+
+    diffs = []
+    for p in pending:
+        stats = done(p.stats)
+        inputs: dict[str, int | None] = {}
+        for role, x in p.inputs.items():
+            if x is None:
+                inputs[role] = None
+                continue
+            got = done(x)
+            inputs[role] = got.max_ulp if got.max_ulp is not None else int(not got.equal)
+        site, step, kind, layer = p.key
+        diff = SiteDiff(
+            site=site, step=step, kind=kind, layer=layer, elements=p.elements, differing=stats.differing,
+            max_ulp=stats.max_ulp, histogram=stats.histogram, bitwise_equal=stats.equal, dtype=p.dtype,
+            shape=p.shape, input_delta=inputs, note=p.note, max_row_ulp=stats.max_row_ulp,
+            row_histogram=stats.row_histogram,
+        )
+        for key, value in (p.judged or {}).items():
+            if key == "note" and diff.note:
+                value = f"{diff.note}; {value}"
+            setattr(diff, key, value)
+        diffs.append(diff)
+    return diffs
 
 
 @dataclass
@@ -430,8 +457,12 @@ class StreamingComparator:
     """A recorder sink comparing each candidate record against ``reference`` as it arrives.
 
     Keeps only ``SiteDiff`` statistics; the reference can be a ``Trace`` or a ``LazyTrace`` on
-    disk (read one step shard at a time), so memory stays bounded for long runs.
+    disk (read one step shard at a time), so memory stays bounded for long runs. On a GPU the statistics
+    of up to ``BATCH`` records are read from the device together (``result.sites`` is complete after
+    ``finish``), so the traced run is not stopped at every site to wait for them.
     """
+
+    BATCH = 256
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
                  metadata: dict[str, Any] | None = None, release: bool = False) -> None:
@@ -442,6 +473,7 @@ class StreamingComparator:
         self.result = Comparison(reference=dict(getattr(reference, "metadata", {})), max_ulp=max_ulp,
                                  candidate=dict(metadata or {}))
         self._seen: set[tuple[str, int]] = set()
+        self._pending: list[_PendingDiff] = []
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry: the candidate run's metadata."""
@@ -453,13 +485,20 @@ class StreamingComparator:
         if ref is None:
             self.result.extra.append({"site": record.site, "step": record.step})
             return
-        diff = diff_records(ref, record, self.judge)
+        diff = start_diff(ref, record, self.judge)
         if isinstance(diff, dict):
             self.result.mismatched.append(diff)
-        else:
-            self.result.sites.append(diff)
+            return
+        self._pending.append(diff)  # its statistics are read, with the next ones', without stalling the run
+        if len(self._pending) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        self.result.sites += finish_diffs(self._pending)
+        self._pending = []
 
     def finish(self) -> Comparison:
+        self._flush()
         if self._keys is not None:
             keys = self._keys
         else:

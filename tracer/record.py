@@ -58,15 +58,25 @@ class Sink(Protocol):
 
 class MemorySink:
     """Keeps every record (a ``Trace`` in memory); with ``device`` (e.g. ``"cpu"``) records are moved
-    there as they arrive — a GPU run's reference kept in host memory instead of GPU memory."""
+    there as they arrive — a GPU run's reference kept in host memory instead of GPU memory. A move from a
+    GPU to the host is an asynchronous copy into pinned memory (the run does not wait for it); reading
+    ``trace`` waits for the copies made so far."""
 
     def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None) -> None:
-        self.trace = Trace(metadata)
+        self._trace = Trace(metadata)
         self.device = None if device is None else torch.device(device)
+        self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
+
+    @property
+    def trace(self) -> Trace:
+        for device in self._copying:
+            torch.cuda.synchronize(device)
+        self._copying.clear()
+        return self._trace
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry: the run's metadata becomes the trace's."""
-        self.trace.metadata = {**metadata, **self.trace.metadata}
+        self._trace.metadata = {**metadata, **self._trace.metadata}
 
     def add(self, record: Record) -> None:
         if self.device is not None and record.out.device != self.device:
@@ -74,12 +84,15 @@ class MemorySink:
 
             def move(t: torch.Tensor) -> torch.Tensor:
                 if id(t) not in moved:
-                    moved[id(t)] = t.to(self.device)
+                    later = t.is_cuda and self.device.type == "cpu"  # into pinned memory, waited for by .trace
+                    moved[id(t)] = t.to(self.device, non_blocking=later)
+                    if later:
+                        self._copying.add(t.device)
                 return moved[id(t)]
 
             record = Record(record.site, record.step, record.kind, record.layer, move(record.out),
                             {role: move(t) for role, t in record.inputs.items()})
-        self.trace.add(record)
+        self._trace.add(record)
 
 
 def _first_tensor(value: Any, index: int = 0) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -34,6 +35,8 @@ __all__ = [
     "HISTOGRAM_BUCKETS",
     "ROW_HISTOGRAM_BUCKETS",
     "FloatFormat",
+    "PendingStats",
+    "RecordStats",
     "RowUlpDistance",
     "UlpDistance",
     "bits",
@@ -44,6 +47,9 @@ __all__ = [
     "next_down",
     "next_up",
     "ordering_key",
+    "pending_stats",
+    "record_stats",
+    "resolve_stats",
     "round_to",
     "row_histogram",
     "row_ulp_distance",
@@ -560,15 +566,13 @@ def row_ulp_distance(reference: torch.Tensor, candidate: torch.Tensor) -> RowUlp
         TypeError: ``reference``'s dtype is not in :data:`FORMATS`.
         ValueError: the shapes differ.
     """
-    fmt = format_of(_require_tensor(reference, "reference").dtype)
+    format_of(_require_tensor(reference, "reference").dtype)
     if reference.shape != candidate.shape:
         raise ValueError(f"candidate must have the reference's shape {tuple(reference.shape)}, "
                          f"but got {tuple(candidate.shape)}")
     ref = reference.reshape(1, 1) if reference.dim() == 0 else reference
     cand = candidate.reshape(ref.shape).to(reference.dtype)
-    finite = torch.isfinite(ref)
-    magnitude = torch.where(finite, ref.abs(), torch.zeros_like(ref)).amax(-1, keepdim=True)
-    unit = spacing(magnitude.to(fmt.dtype))
+    unit = spacing(_row_magnitude(ref))
     x, y = ref.to(torch.float64), cand.to(torch.float64)
     same = bits(ref) == bits(cand)
     nonfinite = ~same & ~(torch.isfinite(x) & torch.isfinite(y))
@@ -577,13 +581,23 @@ def row_ulp_distance(reference: torch.Tensor, candidate: torch.Tensor) -> RowUlp
     return RowUlpDistance(distance.reshape(reference.shape), nonfinite.reshape(reference.shape))
 
 
+def _row_magnitude(ref: torch.Tensor) -> torch.Tensor:
+    """The largest finite ``|ref|`` of each row (last dimension, kept), in ``ref``'s dtype (0 where none);
+    computed in float32 for the 8-bit formats, which torch's CPU reductions do not cover (exact)."""
+    wide = ref.to(torch.float32) if ref.element_size() == 1 else ref
+    magnitude = torch.where(torch.isfinite(wide), wide.abs(), torch.zeros_like(wide)).amax(-1, keepdim=True)
+    return magnitude.to(ref.dtype)
+
+
 def row_histogram(distance: RowUlpDistance) -> dict[str, int]:
     """Count row-magnitude ULP distances into :data:`ROW_HISTOGRAM_BUCKETS` (a fraction above 1
     counts in the bucket of the next integer: 1.5 is in ``2``)."""
     d, nonfinite = distance.distance, distance.nonfinite
     finite = d[~nonfinite]
     below = int(((finite > 0) & (finite < 1)).sum())
-    whole = ulp_histogram(torch.where(finite < 1, torch.zeros_like(finite), finite.ceil()).to(torch.int64))
+    # clamped before the integer conversion: a float32 row of zeros has a unit of 2**-149, and a distance past
+    # 2**63 would wrap to a negative integer (and drop out of every bucket)
+    whole = ulp_histogram(torch.where(finite < 1, torch.zeros_like(finite), finite.ceil()).clamp(max=17).to(torch.int64))
     counts = {"0": int((finite == 0).sum()), "<1": below}
     counts.update({b: whole[b] for b in HISTOGRAM_BUCKETS[1:-1]})
     counts["nonfinite"] = int(nonfinite.sum())
@@ -616,11 +630,22 @@ def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
     format_of(a.dtype)
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
-    n = a.numel()
     ba, bb = bits(a), bits(b)
     if torch.equal(ba, bb):
-        nan = int(torch.isnan(a).sum()) if a.dtype.is_floating_point else 0
-        return UlpStats(nan, 0, {k: (n - nan if k == "0" else nan if k == "nonfinite" else 0) for k in HISTOGRAM_BUCKETS})
+        return _equal_stats(a)
+    return _differing_stats(a, ba, bb)
+
+
+def _equal_stats(a: torch.Tensor) -> UlpStats:
+    """``ulp_stats`` of a tensor against a bitwise copy: distance 0, NaNs counted as differing."""
+    n = a.numel()
+    nan = int(torch.isnan(a).sum()) if a.dtype.is_floating_point else 0
+    return UlpStats(nan, 0, {k: (n - nan if k == "0" else nan if k == "nonfinite" else 0) for k in HISTOGRAM_BUCKETS})
+
+
+def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> UlpStats:
+    """``ulp_stats`` of two tensors known to differ somewhere, from their bit patterns ``ba``, ``bb``."""
+    n = a.numel()
     fmt = format_of(a.dtype)
     limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
     if a.is_cuda and _triton_stats() is not None and n < 2**31:
@@ -656,3 +681,113 @@ def _triton_stats() -> Any:
     from ulptrace import _ulp_triton
 
     return _ulp_triton.stats if _ulp_triton.AVAILABLE else None
+
+
+# -- a record's statistics: per element and per row, deferred on CUDA ----------------------------
+
+class RecordStats(NamedTuple):
+    """Everything a comparison says about two same-shape tensors of one dtype (see :func:`record_stats`)."""
+
+    equal: bool  # bitwise equal (NaN payloads and signed zeros count)
+    differing: int  # as UlpStats
+    max_ulp: int
+    histogram: dict[str, int]
+    max_row_ulp: float  # largest finite row_ulp_distance (0.0 when none)
+    row_histogram: dict[str, int]  # row_histogram(row_ulp_distance(a, b))
+
+
+class PendingStats:
+    """A :class:`RecordStats` being computed on the device (``buffer``) or already known (``value``):
+    read it with :func:`resolve_stats`, which waits once for any number of them."""
+
+    __slots__ = ("buffer", "numel", "value")
+
+    def __init__(self, value: RecordStats | None = None, buffer: torch.Tensor | None = None, numel: int = 0) -> None:
+        self.value, self.buffer, self.numel = value, buffer, numel
+
+
+# boundaries of the row codes: 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" (torch.bucketize:
+# index i where bounds[i-1] < d <= bounds[i]); code 8 is nonfinite
+_ROW_BOUNDS = (0.0, math.nextafter(1.0, 0.0), 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def record_stats(a: torch.Tensor, b: torch.Tensor) -> RecordStats:
+    """Bitwise equality, :func:`ulp_stats` and the row-magnitude statistics (:func:`row_ulp_distance`,
+    :func:`row_histogram` and the largest finite row distance) of two same-shape tensors of one dtype in
+    :data:`FORMATS`, equal to those functions' results (tested). On CUDA with Triton one fused kernel reads
+    both tensors (``ulptrace._ulp_triton``); see :func:`pending_stats` to collect many without waiting.
+
+    Raises:
+        TypeError: the dtypes differ or are not in :data:`FORMATS`.
+        ValueError: the shapes differ.
+    """
+    return resolve_stats([pending_stats(a, b)])[0]
+
+
+def pending_stats(a: torch.Tensor, b: torch.Tensor) -> PendingStats:
+    """Start :func:`record_stats` of ``a`` and ``b``: on CUDA (Triton) the kernel is enqueued and nothing waits
+    for it; elsewhere the statistics are computed now. Errors as :func:`record_stats`."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
+    fmt = format_of(a.dtype)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
+    n = a.numel()
+    if a.is_cuda and b.device == a.device and 0 < n < 2**31 \
+            and _triton_stats() is not None:
+        from ulptrace import _ulp_triton
+
+        a, b = a.contiguous(), b.contiguous()
+        limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+        buffer = _ulp_triton.record_stats(bits(a), bits(b), magnitude_mask=fmt.magnitude_mask,
+                                          max_finite_bits=fmt.max_finite_bits, limit=limit,
+                                          mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, width=fmt.bits)
+        return PendingStats(buffer=buffer, numel=n)
+    ba, bb = bits(a), bits(b)
+    if torch.equal(ba, bb):
+        stats = _equal_stats(a)
+        rows = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
+        rows["0"] = n
+        return PendingStats(RecordStats(True, *stats, 0.0, rows))
+    max_row, rows = _row_stats_torch(a, b, ba, bb)
+    return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), max_row, rows))
+
+
+def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
+    """The results of :func:`pending_stats` calls, in order; device buffers are read in one copy."""
+    buffers = [p.buffer for p in pending if p.buffer is not None]
+    host = iter(torch.stack(buffers).tolist() if buffers else [])
+    out = []
+    for p in pending:
+        if p.value is not None:
+            out.append(p.value)
+            continue
+        c = next(host)
+        codes = c[0:19]
+        rows = dict(zip(ROW_HISTOGRAM_BUCKETS, c[21:30]))
+        max_row = struct.unpack("<d", struct.pack("<q", c[30]))[0]
+        out.append(RecordStats(c[19] == 0, p.numel - codes[0], c[20], _buckets(codes), max_row, rows))
+    return out
+
+
+def _row_stats_torch(a: torch.Tensor, b: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor
+                     ) -> tuple[float, dict[str, int]]:
+    """(largest finite row distance, row histogram) of two tensors that differ, in cache-sized blocks of rows."""
+    n_cols = a.shape[-1] if a.dim() else 1
+    a2, b2 = a.reshape(-1, n_cols), b.reshape(-1, n_cols)
+    ba2, bb2 = ba.reshape(-1, n_cols), bb.reshape(-1, n_cols)
+    bounds = torch.tensor(_ROW_BOUNDS, dtype=torch.float64, device=a.device)
+    counts = torch.zeros(9, dtype=torch.int64, device=a.device)
+    top = torch.zeros((), dtype=torch.float64, device=a.device)
+    block = max(1, _CPU_CHUNK // max(n_cols, 1)) if not a.is_cuda else a2.shape[0]
+    for start in range(0, a2.shape[0], block):
+        ref, cand = a2[start:start + block], b2[start:start + block]
+        magnitude = _row_magnitude(ref)
+        x, y = ref.to(torch.float64), cand.to(torch.float64)
+        same = ba2[start:start + block] == bb2[start:start + block]
+        nonfinite = ~same & ~(torch.isfinite(x) & torch.isfinite(y))
+        d = torch.where(same, torch.zeros_like(x), (x - y).abs() / spacing(magnitude))
+        code = torch.bucketize(d, bounds).masked_fill(nonfinite, 8)
+        counts += torch.bincount(code.reshape(-1), minlength=9)
+        top = torch.maximum(top, d.masked_fill(nonfinite, 0.0).max())
+    return float(top), dict(zip(ROW_HISTOGRAM_BUCKETS, counts.tolist()))

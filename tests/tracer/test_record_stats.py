@@ -1,0 +1,129 @@
+"""``record_stats`` (what the comparison computes per record: bitwise equality, ULP statistics and the
+row-magnitude statistics, deferred on CUDA) equals the reference definitions — ``bitwise_equal``,
+``ulp_histogram(ulp_distance(a, b))``, ``row_histogram(row_ulp_distance(a, b))`` — on every format, with NaN,
+infinities, signed zeros, subnormals, rows without a finite value, 0-d tensors, one-column and long rows.
+
+The fused Triton kernel is checked on the GPU (``gpu``) and, where Triton is importable with
+``TRITON_INTERPRET=1``, by Triton's interpreter on the CPU (skipped otherwise, e.g. in CI)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import ulptrace.ulp as U
+from ulptrace.comparison import bitwise_equal
+from ulptrace.ulp import (
+    FORMATS,
+    pending_stats,
+    record_stats,
+    resolve_stats,
+    row_histogram,
+    row_ulp_distance,
+    ulp_distance,
+    ulp_histogram,
+)
+
+
+def _expected(a, b):
+    d = ulp_distance(a, b)
+    h = ulp_histogram(d)
+    finite = d.distance[~d.nan]
+    rows = row_ulp_distance(a, b)
+    row_finite = rows.distance[~rows.nonfinite]
+    return (bitwise_equal(a, b), a.numel() - h["0"], int(finite.max()) if finite.numel() else 0, h,
+            float(row_finite.max()) if row_finite.numel() else 0.0, row_histogram(rows))
+
+
+def _cases(dtype):
+    """(name, a, b) pairs covering the special values, each as a 2-d record of rows."""
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(6, 333, generator=gen).mul(4).to(dtype)
+    b = (a.float() * (1 + 2.0 ** -6 * torch.randn(a.shape, generator=gen))).to(dtype)
+    yield "equal", a, a.clone()
+    yield "differ", a, b
+    a2, b2 = a.clone(), b.clone()
+    a2[0, :3], b2[0, 1:4] = float("nan"), float("nan")
+    a2[1, 5], b2[1, 5] = 0.0, -0.0
+    a2[2, 7] = b2[2, 7] = float("nan")  # NaN on both sides, bitwise equal
+    a2[3] = 0.0  # a row of zeros (the unit is the smallest subnormal)
+    b2[3, :4] = torch.tensor([FORMATS[dtype].min_subnormal, -FORMATS[dtype].min_subnormal, 1.0, 0.0])
+    if dtype != torch.float8_e4m3fn:
+        a2[4, 7], b2[4, 9] = float("inf"), float("-inf")
+        a2[5, :] = float("inf")  # no finite value in the row
+    yield "special", a2, b2
+    yield "equal with NaN", a2, a2.clone()
+    yield "0-d", a[0, 0].clone(), b[0, 1].clone()
+    yield "one column", a[:, :1].clone(), b[:, :1].clone()
+    long_a = torch.randn(2, 5000, generator=gen).to(dtype)
+    yield "long rows", long_a, (long_a.float() * (1 + 2.0 ** -5 * torch.randn(2, 5000, generator=gen))).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_record_stats_equal_the_reference_definitions(dtype, monkeypatch) -> None:
+    monkeypatch.setattr(U, "_CPU_CHUNK", 1000)  # several blocks of rows
+    for name, a, b in _cases(dtype):
+        assert tuple(record_stats(a, b)) == _expected(a, b), (dtype, name)
+
+
+def test_hand_derived_row_distances() -> None:
+    # a row [4.0, 1.0]: magnitude 4.0, its BF16 ULP 2**-5; 1.0 -> 1.0078125 (0x3F81) moved 2**-7 = 1/4 row ULP;
+    # 4.0 -> 4.0625 (0x4082) moved 2**-4 = 2 row ULPs (and 2 of its own ULPs)
+    a = torch.tensor([[0x4080, 0x3F80]], dtype=torch.int16).view(torch.bfloat16)
+    b = torch.tensor([[0x4082, 0x3F81]], dtype=torch.int16).view(torch.bfloat16)
+    stats = record_stats(a, b)
+    assert not stats.equal and stats.differing == 2 and stats.max_ulp == 2
+    assert stats.max_row_ulp == 2.0
+    assert stats.row_histogram == {"0": 0, "<1": 1, "1": 0, "2": 1, "3-4": 0, "5-8": 0, "9-16": 0, ">16": 0,
+                                   "nonfinite": 0}
+    # +0 vs -0: not bitwise equal, 0 ULPs apart
+    z = record_stats(torch.zeros(1, dtype=torch.bfloat16), -torch.zeros(1, dtype=torch.bfloat16))
+    assert not z.equal and z.differing == 0 and z.row_histogram["0"] == 1
+
+
+def test_pending_stats_resolve_in_order_and_name_bad_input() -> None:
+    a = torch.ones(4, dtype=torch.bfloat16)
+    pending = [pending_stats(a, a), pending_stats(a, a * 2)]
+    first, second = resolve_stats(pending)
+    assert first.equal and not second.equal and second.differing == 4
+    with pytest.raises(TypeError, match="same dtype"):
+        pending_stats(a, a.float())
+    with pytest.raises(ValueError, match=r"same shape, but got \(4,\) and \(3,\)"):
+        pending_stats(a, a[:3])
+
+
+def _fused(a, b):
+    """The Triton kernel's result for CPU tensors (interpreter) or CUDA tensors, decoded like resolve_stats."""
+    from ulptrace import _ulp_triton
+
+    fmt = FORMATS[a.dtype]
+    a, b = a.contiguous(), b.contiguous()
+    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    buffer = _ulp_triton.record_stats(U.bits(a), U.bits(b), magnitude_mask=fmt.magnitude_mask,
+                                      max_finite_bits=fmt.max_finite_bits, limit=limit,
+                                      mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, width=fmt.bits)
+    return tuple(resolve_stats([U.PendingStats(buffer=buffer, numel=a.numel())])[0])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_fused_kernel_in_the_triton_interpreter(dtype) -> None:
+    pytest.importorskip("triton")
+    for name, a, b in _cases(dtype):
+        if name == "long rows":
+            a, b = a[:, :2100], b[:, :2100]  # the interpreter is slow; still more than one column block
+        assert _fused(a, b) == _expected(a, b), (dtype, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_fused_cuda_record_stats_equal_the_reference_definitions(dtype) -> None:
+    from ulptrace import _ulp_triton
+
+    assert _ulp_triton.AVAILABLE, "Triton must be installed on the GPU machine (the fused path is what is tested)"
+    for name, a, b in _cases(dtype):
+        assert tuple(record_stats(a.cuda(), b.cuda())) == _expected(a, b), (dtype, name)
+    big = torch.randn(4, 248_320).bfloat16()  # a logits-sized row
+    other = (big.float() * (1 + 2.0 ** -7 * torch.randn(big.shape))).bfloat16()
+    assert tuple(record_stats(big.cuda(), other.cuda())) == _expected(big, other)
