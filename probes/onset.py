@@ -56,10 +56,9 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         # the reference's records stay in memory where they were produced (no disk round trip) unless a
         # directory is asked for; each is released as soon as the candidate's record is compared
-        # on a GPU the reference is kept in host memory unless asked otherwise (--reference-memory device):
-        # a long prompt's records would not fit beside two models
-        keep = "cpu" if cfg.reference_memory == "host" or (
-            cfg.reference_memory == "auto" and torch.device(cfg.device).type != "cpu") else None
+        # --reference-memory: on the GPU (device), in host memory (host), or on the GPU while it has room and in
+        # host memory after (auto; MemorySink's "auto"), so a long prompt's records still fit beside two models
+        keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
         final_ref: dict[int, torch.Tensor] = {}
         meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}

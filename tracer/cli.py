@@ -610,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-observation", action="store_true", help="prove tracing did not change the logits")
     p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
-                        "(CPU memory), auto (host on a GPU, else device)")
+                        "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
+                        "within half of it, host memory after; CPU runs: in place)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="the candidate is the model sharded over N processes with transformers' tensor-parallel "

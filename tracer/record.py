@@ -60,12 +60,21 @@ class MemorySink:
     """Keeps every record (a ``Trace`` in memory); with ``device`` (e.g. ``"cpu"``) records are moved
     there as they arrive — a GPU run's reference kept in host memory instead of GPU memory. A move from a
     GPU to the host is an asynchronous copy into pinned memory (the run does not wait for it); reading
-    ``trace`` waits for the copies made so far."""
+    ``trace`` waits for the copies made so far.
+
+    ``device="auto"``: a record stays on the GPU that produced it while the memory allocated there, with it,
+    stays within ``AUTO_SHARE`` of the GPU's memory, and goes to the host after (so a short run keeps its
+    reference where comparing it costs nothing, and a long one cannot run the GPU out of memory).
+    """
+
+    AUTO_SHARE = 0.5
 
     def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None) -> None:
         self._trace = Trace(metadata)
-        self.device = None if device is None else torch.device(device)
+        self.auto = device == "auto"
+        self.device = torch.device("cpu") if self.auto else None if device is None else torch.device(device)
         self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
+        self._budget: dict[torch.device, int] = {}
 
     @property
     def trace(self) -> Trace:
@@ -78,7 +87,20 @@ class MemorySink:
         """Called by the recorder on entry: the run's metadata becomes the trace's."""
         self._trace.metadata = {**metadata, **self._trace.metadata}
 
+    def _fits(self, record: Record) -> bool:
+        """``auto``: whether ``record`` may stay on its GPU (see the class doc)."""
+        where = record.out.device
+        if where.type != "cuda":
+            return True
+        if where not in self._budget:
+            self._budget[where] = int(self.AUTO_SHARE * torch.cuda.get_device_properties(where).total_memory)
+        size = sum(t.numel() * t.element_size() for t in {id(t): t for t in (record.out, *record.inputs.values())}.values())
+        return torch.cuda.memory_allocated(where) + size <= self._budget[where]
+
     def add(self, record: Record) -> None:
+        if self.auto and self._fits(record):
+            self._trace.add(record)
+            return
         if self.device is not None and record.out.device != self.device:
             moved: dict[int, torch.Tensor] = {}  # tensors shared between a record's roles move once
 
