@@ -62,9 +62,11 @@ class MemorySink:
     GPU to the host is an asynchronous copy into pinned memory (the run does not wait for it); reading
     ``trace`` waits for the copies made so far.
 
-    ``device="auto"``: a record stays on the GPU that produced it while the memory allocated there, with it,
-    stays within ``AUTO_SHARE`` of the GPU's memory, and goes to the host after (so a short run keeps its
-    reference where comparing it costs nothing, and a long one cannot run the GPU out of memory).
+    ``device="auto"``: a record stays on the GPU that produced it while the memory allocated there (when the
+    first record arrived) plus the records kept stays within ``AUTO_SHARE`` of the GPU's memory, and goes to
+    the host after (so a short run keeps its reference where comparing it costs nothing, and a long one cannot
+    run the GPU out of memory). Counted here, not asked of the allocator per record (its statistics cost
+    0.3 ms a call).
     """
 
     AUTO_SHARE = 0.5
@@ -92,10 +94,14 @@ class MemorySink:
         where = record.out.device
         if where.type != "cuda":
             return True
-        if where not in self._budget:
-            self._budget[where] = int(self.AUTO_SHARE * torch.cuda.get_device_properties(where).total_memory)
+        if where not in self._budget:  # bytes this sink may still keep there
+            total = torch.cuda.get_device_properties(where).total_memory
+            self._budget[where] = int(self.AUTO_SHARE * total) - torch.cuda.memory_allocated(where)
         size = sum(t.numel() * t.element_size() for t in {id(t): t for t in (record.out, *record.inputs.values())}.values())
-        return torch.cuda.memory_allocated(where) + size <= self._budget[where]
+        if size > self._budget[where]:
+            return False
+        self._budget[where] -= size
+        return True
 
     def add(self, record: Record) -> None:
         if self.auto and self._fits(record):

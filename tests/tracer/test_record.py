@@ -119,3 +119,30 @@ def test_llama_family_table_and_fallback_warning() -> None:
     recorded = {r.site: r for r in rec.trace}
     assert {"transformer.h.0", "transformer.h.1", "lm_head"} <= set(recorded) <= {s.name for s in fallback}
     assert recorded["transformer.h.1"].layer == 1 and recorded["transformer.h.0.mlp.c_fc"].layer == 0
+
+
+def test_memory_sink_auto_keeps_cpu_records_in_place() -> None:
+    from ulptrace.record import MemorySink
+    from ulptrace.trace import Record
+
+    sink = MemorySink(device="auto")
+    out = torch.ones(3)
+    sink.add(Record("s", 0, "norm", 0, out, {}))
+    assert sink.trace.get(("s", 0)).out is out  # nothing to move on the CPU
+
+
+@pytest.mark.gpu
+def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
+    from ulptrace.record import MemorySink
+    from ulptrace.trace import Record
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    big = torch.ones(2**20, device="cuda")  # 4 MiB
+    # room for exactly one such record above what is allocated now
+    monkeypatch.setattr(MemorySink, "AUTO_SHARE", (torch.cuda.memory_allocated() + 6 * 2**20) / total)
+    sink = MemorySink(device="auto")
+    sink.add(Record("a", 0, "norm", 0, big.clone(), {}))
+    sink.add(Record("b", 0, "norm", 0, big.clone(), {}))
+    trace = sink.trace
+    assert trace.get(("a", 0)).out.is_cuda and trace.get(("b", 0)).out.device.type == "cpu"
+    assert torch.equal(trace.get(("b", 0)).out, big.cpu())
