@@ -435,10 +435,6 @@ def torch_saturates(dtype: torch.dtype) -> bool:
 HISTOGRAM_BUCKETS: tuple[str, ...] = ("0", "1", "2", "3-4", "5-8", "9-16", ">16", "nonfinite")
 """Fixed ULP-distance buckets of every histogram ulptrace shows; the last counts NaN/Inf mismatches."""
 
-# upper bounds (inclusive) of the finite buckets; torch.bucketize maps d to the first bound >= d
-_BUCKET_BOUNDS = (0, 1, 2, 4, 8, 16)
-
-
 def ulp_histogram(distance: torch.Tensor | UlpDistance, nan: torch.Tensor | None = None) -> dict[str, int]:
     """Count ULP distances into :data:`HISTOGRAM_BUCKETS`.
 
@@ -474,11 +470,9 @@ def ulp_histogram(distance: torch.Tensor | UlpDistance, nan: torch.Tensor | None
                 f"nan must have distance's shape {tuple(distance.shape)}, but got {tuple(nan.shape)}"
             )
         nonfinite = nan | (distance < 0)
-    finite = distance[~nonfinite]
-    bounds = torch.tensor(_BUCKET_BOUNDS, dtype=torch.int64, device=finite.device)
-    counts = torch.bincount(torch.bucketize(finite, bounds), minlength=len(_BUCKET_BOUNDS) + 1)
-    values = [int(c) for c in counts.tolist()] + [int(nonfinite.sum())]
-    return dict(zip(HISTOGRAM_BUCKETS, values))
+    # one bincount of the distances clamped at 17 (0..16 by value, 17 for "> 16"), folded into the buckets
+    counts = torch.bincount(distance[~nonfinite].clamp(max=17), minlength=18).tolist()
+    return _buckets(counts + [int(nonfinite.sum())])
 
 
 def merge_histograms(*histograms: dict[str, int]) -> dict[str, int]:
