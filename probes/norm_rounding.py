@@ -281,13 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ulptrace.cli import cwd_on_path, emit, quiet_transformers, report_progress, run_cli
+    from ulptrace.cli import cwd_on_path, emit, quiet_transformers, report_progress, run_cli, set_quiet
 
     try:
         args = build_parser().parse_args(argv)
     except KeyboardInterrupt:
         print("trace_norm_rounding: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    set_quiet(args)
     cwd_on_path()
     quiet_transformers()
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.paths import apply_path
+from ulptrace.progress import Progress
 from ulptrace.record import MemorySink, Recorder
 from ulptrace.run import (
     RunConfig,
@@ -43,10 +44,20 @@ def selection(cfg: RunConfig) -> dict[str, Any]:
 
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
-              progress: Callable[[str], None] | None = None) -> tuple[Comparison, dict[str, Any]]:
+              progress: Callable[[str], None] | None = None, bar: Progress | None = None
+              ) -> tuple[Comparison, dict[str, Any]]:
     """Record the reference (in memory, or to ``reference_dir``), stream the candidate against it; returns
-    (comparison, run info)."""
+    (comparison, run info). ``bar`` (``ulptrace.progress.Progress``) shows each side's steps as they run."""
     say = progress or (lambda msg: None)
+    bar = bar or Progress(enabled=False)
+    try:
+        return _run_onset(cfg, reference_dir, say, bar)
+    finally:
+        bar.close()
+
+
+def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
+               ) -> tuple[Comparison, dict[str, Any]]:
     ref_model, cand_model, prompts = build_pair(cfg)
     steps = parse_range(cfg.steps)
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
@@ -62,15 +73,23 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
         final_ref: dict[int, torch.Tensor] = {}
         meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
+        sites = selected_sites(ref_model, cfg)
+        bar.start(f"reference {cfg.reference}", cfg.new_tokens, len(sites))
+
+        def ref_step(s: int, logits: torch.Tensor) -> None:
+            final_ref[s] = logits.clone()
+            bar.step(s + 1)
+
         try:
-            with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, sink=ref_sink,
+            with Recorder(ref_model, sites=sites, steps=steps, sink=ref_sink,
                           path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
                 ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
-                                    cache_len=cfg.cache_len, on_logits=lambda s, l: final_ref.__setitem__(s, l.clone()))
+                                    cache_len=cfg.cache_len, on_logits=ref_step)
         except BaseException:
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
             raise
+        bar.close()
         rec.metadata["path_info"] = ref_applied.info  # read after the run: a path may report what ran
         if isinstance(ref_sink, TraceWriter):
             ref_sink.close(rec.metadata)
@@ -89,11 +108,18 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
             meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
             final_cand: dict[int, torch.Tensor] = {}
-            with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, sink=sink,
+            cand_sites = selected_sites(cand_model, cfg)
+            bar.start(f"candidate {cfg.candidate}, compared as it runs", cfg.new_tokens, len(cand_sites))
+
+            def cand_step(s: int, logits: torch.Tensor) -> None:
+                final_cand[s] = logits.clone()
+                bar.step(s + 1)
+
+            with Recorder(cand_model, sites=cand_sites, steps=steps, sink=sink,
                           path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
                 cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
-                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len,
-                                     on_logits=lambda s, l: final_cand.__setitem__(s, l.clone()))
+                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len, on_logits=cand_step)
+            bar.close()
             if cfg.check_observation:  # the candidate too: observing a compiled graph can change what it computes
                 say("re-running the candidate untraced (observation check)")
                 cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,

@@ -48,6 +48,8 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
                    help="site kinds (norm, gated_norm, glu, gates, attention, residual, state, logits, linear, other)")
     s.add_argument("--layers", default=None, help="layer range, e.g. 2:5")
     s.add_argument("--steps", default=None, help="step range, e.g. 0:3 (0 = prefill)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines or progress bar on stderr (the bar "
+                        "is drawn only on a terminal, never when CI is set)")
 
 
 def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool = True) -> None:
@@ -110,9 +112,27 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
     return RunConfig(**fields)
 
 
+QUIET = False  # --quiet: no progress lines, no progress bar (errors and warnings still go to stderr)
+
+
 def report_progress(msg: str) -> None:
     """One progress line on stderr (every command, and ``trace_norm_rounding``, reports this way)."""
-    print(f"[ulptrace] {msg}", file=sys.stderr, flush=True)
+    if not QUIET:
+        print(f"[ulptrace] {msg}", file=sys.stderr, flush=True)
+
+
+def set_quiet(args: argparse.Namespace) -> None:
+    """Apply ``--quiet`` (commands without it keep reporting)."""
+    global QUIET
+    QUIET = bool(getattr(args, "quiet", False))
+
+
+def progress_bar() -> Any:
+    """The progress bar of a long run (``ulptrace.progress.Progress``): drawn on a terminal, never in CI or
+    with ``--quiet``."""
+    from ulptrace.progress import Progress, bar_enabled
+
+    return Progress(enabled=bar_enabled(quiet=QUIET))
 
 
 PATH_HELP = ("a registered path (`ulptrace paths` lists them: hf, hf:attn=<impl>, kernels:faithful, kernels:fused, "
@@ -356,7 +376,7 @@ def cmd_onset(args: argparse.Namespace) -> int:
         if comparison is None:
             return 0
     else:
-        comparison, info = run_onset(cfg, progress=report_progress)
+        comparison, info = run_onset(cfg, progress=report_progress, bar=progress_bar())
     data = comparison.to_json(allow=parity_allow(args))
     data["run"] = info
     flip = info["first_token_flip"]
@@ -692,6 +712,7 @@ def cwd_on_path() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        set_quiet(args)
         cwd_on_path()
         quiet_transformers()
         return run_cli(args.fn, args)
