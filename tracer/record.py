@@ -225,6 +225,15 @@ class Recorder:
         self._needed: set[Obs] = {s.out for s in self.sites}
         if keep_inputs:
             self._needed |= {o for s in self.sites for o in s.inputs.values()}
+        # how many sites read each observation (output or input): a copy leaves the buffer once all of them have
+        # emitted, so the recorder holds only what a later site still needs, not a whole step (except the first
+        # argument of a module whose residual is observed: its post-hook may read it as the residual)
+        self._to_step_end = {f"{o.module}:in0" for o in self._needed if o.at == "residual"}
+        self._uses: dict[str, int] = defaultdict(int)
+        for site in self.sites:
+            for key in self._site_keys(site):
+                self._uses[key] += 1
+        self._left: dict[str, int] = {}
         # a post-attention norm's residual falls back to its input when it returns one tensor
         self._needed |= {Obs(o.module, "in0") for o in self._needed if o.at == "residual"}
         self._tapped: set[tuple[int, str]] = set()
@@ -409,7 +418,7 @@ class Recorder:
             return
         if not self._capturing:  # a captured step counts when it is replayed
             self.step += 1
-        self._buffer = {}
+        self._buffer, self._left = {}, {}
         self._calls = defaultdict(int)
 
     def _recording(self) -> bool:
@@ -541,6 +550,7 @@ class Recorder:
                 continue
             if Obs(path, at) in self._needed:
                 self._buffer[key] = _copy(value)
+                self._left[key] = self._uses[key]
                 fired.append(key)
         for key in fired:
             for site in self._by_out.get(key, ()):
@@ -556,7 +566,25 @@ class Recorder:
                 if value is not None:
                     inputs[role] = value
         record = Record(name, self.step, site.kind, site.layer, out, inputs)
-        if self._capturing:
+        if self._capturing:  # graph buffers: kept for the replays
             self._templates.append(record)
-        else:
-            self.sink.add(record)
+            return
+        self.sink.add(record)
+        for key in self._site_keys(site):
+            if key in self._left:
+                self._left[key] -= 1
+                if self._left[key] <= 0 and key not in self._to_step_end:
+                    del self._left[key]
+                    self._buffer.pop(key, None)
+
+    def held(self) -> list[str]:
+        """The observations (``module:at``) the recorder still holds a copy of: those a site that has not emitted
+        yet in this step reads, and the first argument of modules whose residual is observed."""
+        return sorted(self._buffer)
+
+    def _site_keys(self, site: Site) -> set[str]:
+        """The observations ``site``'s records read (its output, and its inputs when they are kept)."""
+        keys = {site.out.key}
+        if self.keep_inputs:
+            keys |= {o.key for o in site.inputs.values()}
+        return keys

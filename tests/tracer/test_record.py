@@ -146,3 +146,29 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     trace = sink.trace
     assert trace.get(("a", 0)).out.is_cuda and trace.get(("b", 0)).out.device.type == "cpu"
     assert torch.equal(trace.get(("b", 0)).out, big.cpu())
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
+def test_recorder_releases_each_observation_once_its_sites_have_emitted(name) -> None:
+    """The recorder holds what a site still to emit needs, not a whole step: while a step runs it never holds
+    more than a few layers' observations, and at its end only the residual fallbacks (one norm input a layer)."""
+    from ulptrace.run import make_prompts
+
+    model = build_model(name)
+    prompts = make_prompts(model.config.vocab_size, 2, 8, 0, "cpu")
+    sites = site_table(model)
+    observed = {s.out.key for s in sites} | {o.key for s in sites for o in s.inputs.values()}
+    peak = []
+    with Recorder(model) as rec:
+        add = rec.sink.add
+
+        def counting(record):
+            add(record)
+            peak.append(len(rec.held()))
+
+        rec.sink.add = counting
+        greedy(model, prompts, 2)
+    layers = model.config.num_hidden_layers
+    assert len(rec.trace) == 2 * len(sites)  # every record still made
+    assert all(k.endswith("post_attention_layernorm:in0") for k in rec.held()) and len(rec.held()) == layers
+    assert max(peak) < len(observed) / 2, (max(peak), len(observed))
