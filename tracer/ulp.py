@@ -718,9 +718,11 @@ def record_stats(a: torch.Tensor, b: torch.Tensor) -> RecordStats:
     return resolve_stats([pending_stats(a, b)])[0]
 
 
-def pending_stats(a: torch.Tensor, b: torch.Tensor) -> PendingStats:
+def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> PendingStats:
     """Start :func:`record_stats` of ``a`` and ``b``: on CUDA (Triton) the kernel is enqueued and nothing waits
-    for it; elsewhere the statistics are computed now. Errors as :func:`record_stats`."""
+    for it; elsewhere the statistics are computed now. ``rows=False``: the row-magnitude statistics are not
+    needed (``max_row_ulp`` None, ``row_histogram`` empty, unless the fused kernel computed them anyway).
+    Errors as :func:`record_stats`."""
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
     fmt = format_of(a.dtype)
@@ -743,8 +745,10 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor) -> PendingStats:
         rows = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
         rows["0"] = n
         return PendingStats(RecordStats(True, *stats, 0.0, rows))
-    max_row, rows = _row_stats_torch(a, b, ba, bb)
-    return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), max_row, rows))
+    if not rows:
+        return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), None, {}))  # type: ignore[arg-type]
+    max_row, row_hist = _row_stats_torch(a, b, ba, bb)
+    return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), max_row, row_hist))
 
 
 def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
