@@ -267,6 +267,81 @@ def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge
     return rows
 
 
+# the grid fields a merged report's parts must share (seeds and candidates are what parts split)
+_SHARED_GRID = ("batches", "modes", "graph_attempts", "prompt_len", "new_tokens", "cache_len", "device", "dtype")
+
+
+def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """One matrix report from reports of disjoint parts of one grid — other seeds and/or other candidate paths
+    of the same model, reference, batches, modes, attempts, lengths, device and dtype — e.g. a matrix too long
+    for one machine session, run as ``--seeds 0`` and ``--seeds 1``. The summary is recounted from the checks;
+    rows and checks are put in the order one run of the whole grid makes; timings add up; ``complete`` only if
+    every part is; ``merged_from`` lists each part (``names``, its seeds, paths, completeness and locating
+    budget).
+
+    Raises:
+        ValueError: fewer than two reports, a report that is not a matrix report, parts of different grids
+            (naming the field and both values), or parts that overlap (the same seed and path twice).
+    """
+    names = list(names) if names is not None else [f"report {i + 1}" for i in range(len(reports))]
+    if len(reports) < 2:
+        raise ValueError(f"merging needs at least two matrix reports, but got {len(reports)}")
+    for name, r in zip(names, reports):
+        if not isinstance(r, dict) or r.get("schema") != SCHEMA:
+            found = r.get("schema") if isinstance(r, dict) else type(r).__name__
+            raise ValueError(f"{name}: expected a matrix report (schema {SCHEMA!r}), but found {found!r}")
+    first, first_name = reports[0], names[0]
+    for name, r in zip(names[1:], reports[1:]):
+        for field, a, b in [("model", first["model"], r["model"]), ("reference", first["reference"], r["reference"]),
+                            ("near_tie_rule", first["near_tie_rule"], r["near_tie_rule"]),
+                            ("located", first["located"], r["located"])] + \
+                [(f"grid.{k}", first["grid"].get(k), r["grid"].get(k)) for k in _SHARED_GRID]:
+            if a != b:
+                raise ValueError(f"{name} is not part of the grid of {first_name}: {field} is {b!r} there, {a!r} in "
+                                 f"{first_name}")
+    owner: dict[tuple[int, str], str] = {}
+    for name, r in zip(names, reports):
+        for seed in r["grid"]["seeds"]:
+            for path in r["candidates"]:
+                if (seed, path) in owner:
+                    raise ValueError(f"{name} overlaps {owner[seed, path]}: both have seed {seed} of path {path!r}")
+                owner[seed, path] = name
+    candidates = list(dict.fromkeys(p for r in reports for p in r["candidates"]))
+    seeds = sorted({s for r in reports for s in r["grid"]["seeds"]})
+    grid = first["grid"]
+    order = {"seed": seeds, "batch": grid["batches"], "path": candidates, "mode": grid["modes"]}
+
+    def position(x: dict[str, Any]) -> tuple:
+        return tuple(order[k].index(x[k]) for k in order) + (x["attempt"], x.get("row", 0))
+
+    checks = sorted((c for r in reports for c in r["checks"]), key=position)
+    rows = sorted((row for r in reports for row in r["rows"]), key=position)
+    summary = {p: {m: {"exact": 0, "checks": 0} for m in grid["modes"]} for p in candidates}
+    for c in checks:
+        summary[c["path"]][c["mode"]]["checks"] += 1
+        summary[c["path"]][c["mode"]]["exact"] += int(c["token_exact"])
+    for p in candidates:
+        summary[p]["total"] = {k: sum(summary[p][m][k] for m in grid["modes"]) for k in ("exact", "checks")}
+    timing = {k: sum(r["timing"].get(k, 0.0) for r in reports) for k in first["timing"]}
+    limits = {r["locate_limit"] for r in reports}
+    budgets = {r["locate_seconds"] for r in reports}
+    return {
+        **first,
+        "complete": all(r["complete"] for r in reports),
+        "candidates": candidates,
+        "grid": {**grid, "seeds": seeds},
+        "locate_limit": limits.pop() if len(limits) == 1 else None,
+        "locate_seconds": budgets.pop() if len(budgets) == 1 else None,
+        "summary": summary,
+        "rows": rows,
+        "checks": checks,
+        "timing": timing,
+        "merged_from": [{"name": n, "seeds": r["grid"]["seeds"], "candidates": r["candidates"],
+                         "complete": r["complete"], "locate_limit": r["locate_limit"],
+                         "locate_seconds": r["locate_seconds"]} for n, r in zip(names, reports)],
+    }
+
+
 # -- rendering -----------------------------------------------------------------------------------
 
 def _mode_label(mode: str) -> str:

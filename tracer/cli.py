@@ -500,6 +500,27 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_matrix_merge(args: argparse.Namespace) -> int:
+    import json
+
+    from ulptrace.plot import plot_matrix
+    from ulptrace.probes.matrix import merge_reports, to_markdown, to_table
+
+    _check_plot(args)
+    reports = []
+    for name in args.reports:
+        try:
+            reports.append(json.loads(Path(name).read_text()))
+        except FileNotFoundError:
+            raise ValueError(f"{name}: no such matrix report (expected the --json file of `ulptrace matrix`)") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); expected the --json file of "
+                             "`ulptrace matrix`") from None
+    report = merge_reports(reports, names=args.reports)
+    _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
+    return 0
+
+
 def cmd_lockstep(args: argparse.Namespace) -> int:
     from ulptrace.plot import plot_lockstep
     from ulptrace.probes.lockstep import run_lockstep, to_markdown, to_table
@@ -565,6 +586,15 @@ def add_generation_commands(sub: Any) -> None:
     add_report_options(p)
     _add_plot_option(p, "the first divergent step of every row of every check (near-tie flips marked)")
     p.set_defaults(fn=cmd_matrix)
+
+    p = sub.add_parser("matrix-merge", help="one matrix report from the --json reports of disjoint parts of one grid "
+                                            "(e.g. --seeds 0 and --seeds 1 run apart)")
+    p.add_argument("reports", nargs="+", metavar="REPORT.json", help="matrix reports (`ulptrace matrix --json`)")
+    p.add_argument("--json", metavar="FILE", help="write the merged JSON report to FILE ('-' for stdout)")
+    p.add_argument("--markdown", metavar="FILE", help="write the merged markdown report to FILE")
+    p.add_argument("--all", action="store_true", help="list every divergent row (default: the first 40)")
+    _add_plot_option(p, "the first divergent step of every row of every check (near-tie flips marked)")
+    p.set_defaults(fn=cmd_matrix_merge)
 
     p = sub.add_parser("lockstep", help="two runs advanced step by step from the same restored state: logits, "
                                         "every cache/state tensor and the sites of each step compared")

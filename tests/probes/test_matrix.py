@@ -201,3 +201,49 @@ def test_plot_matrix_marks_near_tie_flips() -> None:
     assert sorted(line.get_ydata()[0] for line in hollow) == [2, 3]
     with pytest.raises(ValueError, match="no rows"):
         plot_matrix({"rows": []})
+
+
+def test_merged_parts_equal_the_whole_grid_and_bad_parts_are_refused(monkeypatch, tmp_path, capsys) -> None:
+    """A grid run as two parts (seed 0, seed 1) and merged gives the whole grid's summary, rows and checks."""
+    from ulptrace.probes.matrix import merge_reports
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    monkeypatch.setattr(generation_candidates, "GLU_SCALE", -4.0)
+    glu = "generation_candidates:glu_error_at_step_2"
+
+    def grid(seeds, candidates=("hf", glu)):
+        return run_matrix(MatrixConfig(RunConfig(model="tiny-qwen3.5", prompt_len=16, new_tokens=4),
+                                       candidates=list(candidates), seeds=seeds, batches=[1, 2], modes=["static"],
+                                       locate=False))
+
+    whole, part0, part1 = grid([0, 1]), grid([0]), grid([1])
+    merged = merge_reports([part1, part0], names=["b.json", "a.json"])  # any order
+    assert merged["summary"] == whole["summary"]
+    assert merged["summary"][glu]["total"]["exact"] < merged["summary"][glu]["total"]["checks"]  # rows diverge
+    assert merged["rows"] == whole["rows"]
+    drop = lambda checks: [{k: v for k, v in c.items() if k != "seconds"} for c in checks]
+    assert drop(merged["checks"]) == drop(whole["checks"])
+    assert merged["grid"] == whole["grid"] and merged["complete"] is True
+    assert [m["name"] for m in merged["merged_from"]] == ["b.json", "a.json"]
+
+    with pytest.raises(ValueError, match=r"a\.json overlaps b\.json: both have seed 1 of path 'hf'"):
+        merge_reports([part1, part1], names=["b.json", "a.json"])
+    other = {**part1, "grid": {**part1["grid"], "new_tokens": 8}}
+    with pytest.raises(ValueError, match=r"grid\.new_tokens is 8 there, 4 in"):
+        merge_reports([part0, other])
+    with pytest.raises(ValueError, match="expected a matrix report"):
+        merge_reports([part0, {"schema": "ulptrace.onset"}])
+
+    # the command: parts from files, the merged report written; a bad file is one line, exit 2
+    a, b, out, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json", tmp_path / "m.md"
+    a.write_text(json.dumps(part0))
+    b.write_text(json.dumps(part1))
+    assert main(["matrix-merge", str(a), str(b), "--json", str(out), "--markdown", str(md)]) == 0
+    assert json.loads(out.read_text())["summary"] == whole["summary"]
+    assert "| Total |" in md.read_text()
+    capsys.readouterr()
+    assert main(["matrix-merge", str(a), str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such matrix report" in err[0]
