@@ -30,6 +30,7 @@ by thousands of its own ULPs when its inputs move by one, which is nothing for i
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -157,9 +158,32 @@ def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None =
     return pending if isinstance(pending, dict) else finish_diffs([pending])[0]
 
 
-def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> _PendingDiff | dict:
+class KnownPairs:
+    """Statistics already started for a (reference tensor, candidate tensor) pair, found again by identity.
+
+    A site's recorded input is often another site's output — the same tensor object on each side (the recorder
+    keeps one copy per observation) — so it is compared once. Held by weak references: an entry lives as long
+    as both tensors do, and nothing is kept alive for it.
+    """
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[int, int], tuple[Any, Any, PendingStats | RecordStats]] = {}
+
+    def put(self, a: torch.Tensor, b: torch.Tensor, stats: PendingStats | RecordStats) -> None:
+        if len(self._pairs) > 4096:  # drop the entries of tensors that are gone
+            self._pairs = {k: v for k, v in self._pairs.items() if v[0]() is not None and v[1]() is not None}
+        self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats)
+
+    def get(self, a: torch.Tensor, b: torch.Tensor) -> PendingStats | RecordStats | None:
+        entry = self._pairs.get((id(a), id(b)))
+        return entry[2] if entry is not None and entry[0]() is a and entry[1]() is b else None
+
+
+def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = None,
+               known: KnownPairs | None = None) -> _PendingDiff | dict:
     """``diff_records`` without waiting for the device: the statistics are enqueued (read them, for many
-    records at once, with ``finish_diffs``); the judge, if any, runs now. A mismatch dict as ``diff_records``."""
+    records at once, with ``finish_diffs``); the judge, if any, runs now. A mismatch dict as ``diff_records``.
+    ``known``: pairs compared before (``KnownPairs``), reused for the inputs and extended with this record's."""
     reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
     ref, cand = reference.out, candidate.out
     note = None
@@ -185,9 +209,15 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
         if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
             inputs[role] = None
             continue
-        inputs[role] = _stats(r_in.to(c_in.device, non_blocking=True), c_in, rows=False)
-    pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(), list(ref.shape), str(ref.dtype).removeprefix("torch."), note,
-                           _stats(ref, cand), inputs)
+        seen = known.get(r_in, c_in) if known is not None else None
+        inputs[role] = seen if seen is not None else _stats(r_in.to(c_in.device, non_blocking=True), c_in, rows=False)
+        if known is not None and seen is None:
+            known.put(r_in, c_in, inputs[role])  # type: ignore[arg-type]
+    stats = _stats(ref, cand)
+    if known is not None and note is None:  # the output as recorded (not cast): another record may read it
+        known.put(reference.out, candidate.out, stats)
+    pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
+                           list(ref.shape), str(ref.dtype).removeprefix("torch."), note, stats, inputs)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending
@@ -475,6 +505,7 @@ class StreamingComparator:
                                  candidate=dict(metadata or {}))
         self._seen: set[tuple[str, int]] = set()
         self._pending: list[_PendingDiff] = []
+        self._known = KnownPairs()
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry: the candidate run's metadata."""
@@ -486,7 +517,7 @@ class StreamingComparator:
         if ref is None:
             self.result.extra.append({"site": record.site, "step": record.step})
             return
-        diff = start_diff(ref, record, self.judge)
+        diff = start_diff(ref, record, self.judge, self._known)
         if isinstance(diff, dict):
             self.result.mismatched.append(diff)
             return

@@ -134,3 +134,32 @@ def test_mismatched_and_missing_records_are_listed_not_crashed(reference) -> Non
     assert result.extra == [{"site": "extra.site", "step": 0}]
     assert result.mismatched[0]["site"] == "layers.0.input_layernorm"
     assert "[2, 6, 128]" in result.mismatched[0]["reason"] and "[2, 6, 127]" in result.mismatched[0]["reason"]
+
+
+def test_an_input_that_is_an_earlier_records_output_is_compared_once(monkeypatch) -> None:
+    """The recorder keeps one copy per observation, so a site's input is often the same tensor object as an
+    earlier site's output on each side: the streaming comparator reuses that comparison (same figures)."""
+    import ulptrace.comparison as C
+    from ulptrace.comparison import StreamingComparator
+    from ulptrace.trace import Record, Trace
+
+    calls = []
+    real = C.pending_stats
+    monkeypatch.setattr(C, "pending_stats", lambda a, b, **k: calls.append(1) or real(a, b, **k))
+    ref_x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.bfloat16)
+    cand_x = torch.tensor([[1.0, 2.0, 3.015625]], dtype=torch.bfloat16)  # 1 ULP at 3.0
+    ref_y, cand_y = ref_x * 2, cand_x * 2
+    reference = Trace()
+    reference.add(Record("a", 0, "norm", 0, ref_x, {}))
+    reference.add(Record("b", 0, "linear", 0, ref_y, {"x": ref_x}))
+    sink = StreamingComparator(reference)
+    sink.add(Record("a", 0, "norm", 0, cand_x, {}))
+    sink.add(Record("b", 0, "linear", 0, cand_y, {"x": cand_x}))
+    a, b = sink.finish().sites
+    assert len(calls) == 2  # a's output and b's output; b's input is a's output
+    assert a.max_ulp == 1 and b.input_delta == {"x": 1}
+    # a copy with the same values is another object: compared again, same figure
+    sink = StreamingComparator(reference)
+    sink.add(Record("a", 0, "norm", 0, cand_x, {}))
+    sink.add(Record("b", 0, "linear", 0, cand_y, {"x": cand_x.clone()}))
+    assert sink.finish().sites[1].input_delta == {"x": 1} and len(calls) == 5
