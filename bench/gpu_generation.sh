@@ -16,8 +16,13 @@
 #   (a CPU smoke run of the script: DEVICE=cpu MODES="eager static" LOCKSTEP_MODE=static SKIP_INSTALL=1, tiny sizes)
 # Time: `matrix batch` at most about 8 minutes with these budgets (setup ~1 min: install, kernel build); all three
 # phases at most about 9.5 (an earlier H200 call measured lockstep at 27 s per path and batch invariance at
-# batches 1 8, every row located, at 163 s). The lockstep phase is last since it was already measured. To locate
-# every divergent row of the matrix, raise LOCATE_SECONDS and MATRIX_TIMEOUT (e.g. 380/520), `matrix` alone.
+# batches 1 8, every row located, at 163 s). The lockstep phase is last since it was already measured.
+# Every divergent row of the default matrix located: the H200 run of 2026-12-01 located 54 of 153 rows in 280 s (about
+# 5.3 s a row), so the whole grid's locating does not fit one call. Run it in parts, one device call each, e.g.
+#   SEEDS=0 PATHS=kernels:faithful MATRIX_TIMEOUT=520 LOCATE_SECONDS=450 BENCH_TIMEOUT=1 bash bench/gpu_generation.sh matrix
+# for each of the four (seed, path) parts plus `PATHS=hf` once (no divergent rows), keep each $OUT/matrix.json, then
+#   ulptrace matrix-merge part*.json --json matrix.json --markdown matrix.md --plot matrix.png
+# (the merged report is the whole grid's: summary recounted from the checks; bench_matrix.py can time any part).
 set -uo pipefail
 : "${OUT:?set OUT to the output directory}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1

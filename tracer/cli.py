@@ -48,8 +48,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
                    help="site kinds (norm, gated_norm, glu, gates, attention, residual, state, logits, linear, other)")
     s.add_argument("--layers", default=None, help="layer range, e.g. 2:5")
     s.add_argument("--steps", default=None, help="step range, e.g. 0:3 (0 = prefill)")
-    parser.add_argument("--quiet", action="store_true", help="no progress lines or progress bar on stderr (the bar "
-                        "is drawn only on a terminal, never when CI is set)")
+    parser.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
 def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool = True) -> None:
@@ -113,6 +112,7 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
 
 
 QUIET = False  # --quiet: no progress lines, no progress bar (errors and warnings still go to stderr)
+QUIET_HELP = "no progress lines or progress bar on stderr (the bar is drawn only on a terminal, never when CI is set)"
 
 
 def report_progress(msg: str) -> None:
@@ -590,6 +590,7 @@ def add_generation_commands(sub: Any) -> None:
     p = sub.add_parser("matrix-merge", help="one matrix report from the --json reports of disjoint parts of one grid "
                                             "(e.g. --seeds 0 and --seeds 1 run apart)")
     p.add_argument("reports", nargs="+", metavar="REPORT.json", help="matrix reports (`ulptrace matrix --json`)")
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     p.add_argument("--json", metavar="FILE", help="write the merged JSON report to FILE ('-' for stdout)")
     p.add_argument("--markdown", metavar="FILE", help="write the merged markdown report to FILE")
     p.add_argument("--all", action="store_true", help="list every divergent row (default: the first 40)")
@@ -649,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare traces recorded with different model, seed, prompts, steps or fed tokens "
                         "(refused by default: their records do not correspond)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     add_report_options(p)
     p.set_defaults(fn=cmd_compare)
 
