@@ -22,16 +22,19 @@ BINS = 32  # codes 0..16 = distance, 17 = "> 16", 18 = nonfinite, 19 = padding (
 if AVAILABLE:
 
     @triton.jit
+    def _distance(xa, xb, ma, mb, LIMIT: tl.constexpr):
+        """(NaN on either side, ordered-key distance) of bit patterns ``xa``, ``xb`` with magnitudes ``ma``, ``mb``."""
+        nan = (ma > LIMIT) | (mb > LIMIT)
+        return nan, tl.abs(tl.where(xa < 0, -ma, ma) - tl.where(xb < 0, -mb, mb))
+
+    @triton.jit
     def _kernel(a_ptr, b_ptr, counts_ptr, max_ptr, n, MAG: tl.constexpr, LIMIT: tl.constexpr,
                 WIDE: tl.constexpr, BLOCK: tl.constexpr):
         offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < n
         xa = tl.load(a_ptr + offsets, mask=inside, other=0).to(WIDE)
         xb = tl.load(b_ptr + offsets, mask=inside, other=0).to(WIDE)
-        ma = xa & MAG
-        mb = xb & MAG
-        nan = (ma > LIMIT) | (mb > LIMIT)
-        distance = tl.abs(tl.where(xa < 0, -ma, ma) - tl.where(xb < 0, -mb, mb))
+        nan, distance = _distance(xa, xb, xa & MAG, xb & MAG, LIMIT)
         code = tl.where(nan, 18, tl.minimum(distance, 17))
         code = tl.where(inside, code, 19).to(tl.int32)
         tl.atomic_add(counts_ptr + tl.arange(0, 32), tl.histogram(code, 32))
@@ -112,8 +115,7 @@ if AVAILABLE:
             ma = xa & MAG
             mb = xb & MAG
             # per element: ordered-key distance (codes 0..16, 17 = "> 16", 18 = NaN, 31 = padding)
-            nan = (ma > LIMIT) | (mb > LIMIT)
-            distance = tl.abs(tl.where(xa < 0, -ma, ma) - tl.where(xb < 0, -mb, mb))
+            nan, distance = _distance(xa, xb, ma, mb, LIMIT)
             code = tl.where(inside, tl.where(nan, 18, tl.minimum(distance, 17)), 31)
             codes += tl.histogram(tl.reshape(code.to(tl.int32), [R * C]), 32)
             top_ulp = tl.maximum(top_ulp, tl.where(nan | ~inside, 0, distance))
