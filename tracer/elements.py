@@ -323,7 +323,7 @@ def _hypothesis_per_element(program: Any, inputs: dict[str, torch.Tensor], outpu
     tried = list(zip(enumerate_hypotheses(program), result.hypotheses))
     tried.sort(key=lambda pair: pair[0].description != result.boundary)  # the named boundary first (stable)
     for h, outcome in tried:
-        if outcome.explained == 0 or not bool(pending.any()):
+        if not outcome.explained or not bool(pending.any()):
             continue
         iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
         hit = pending & ((v >= iv.lo) & (v <= iv.hi)).reshape(-1)

@@ -36,7 +36,7 @@ class HypothesisResult:
     kind: str
     description: str
     op: int | None
-    explained: int
+    explained: int | None  # None: not tried, an earlier hypothesis already explained every out-of-set element
 
 
 @dataclass
@@ -210,13 +210,20 @@ def judge_sets(
 
     results: list[HypothesisResult] = []
     explained_any = torch.zeros_like(outside)
+    most = 0
     for record, interval in hypotheses:
+        if n_outside and most == n_outside:
+            # an earlier hypothesis explains every out-of-set element: no later one changes a verdict or is named
+            # (the first of equals is), so it is not evaluated
+            results.append(HypothesisResult(record.kind, record.description, record.op, None))
+            continue
         count = 0
         if n_outside:
             h_lo, h_hi = interval()
             hit = outside & (v >= h_lo) & (v <= h_hi)
             explained_any |= hit
             count = int(hit.sum())
+            most = max(most, count)
         results.append(HypothesisResult(record.kind, record.description, record.op, count))
 
     verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
@@ -227,9 +234,9 @@ def judge_sets(
     tally = torch.bincount(verdicts.flatten().long(), minlength=len(VERDICTS)).tolist()
     counts = {name: int(tally[k]) for k, name in enumerate(VERDICTS)}
 
-    best = max(results, key=lambda r: r.explained, default=None)  # first of equals: the simplest
-    boundary = best.description if best is not None and best.explained > 0 else None
-    explained = best.explained / n_outside if boundary is not None and best is not None and n_outside else 0.0
+    best = max(results, key=lambda r: r.explained or 0, default=None)  # first of equals: the simplest
+    boundary = best.description if best is not None and best.explained else None
+    explained = (best.explained or 0) / n_outside if boundary is not None and best is not None and n_outside else 0.0
 
     distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     if n_outside:

@@ -33,7 +33,7 @@ def assert_admissible(program, inputs, output):
 
 def best(judgement):
     """The hypothesis the judgement names (most explained, first of equals)."""
-    return max(judgement.hypotheses, key=lambda h: h.explained)
+    return max(judgement.hypotheses, key=lambda h: h.explained or 0)
 
 
 # ---------------------------------------------------------------------------------------------- HF is admissible
@@ -373,3 +373,30 @@ def test_judging_a_large_site_with_every_hypothesis_is_fast():
     elapsed = time.perf_counter() - start
     assert len(j.hypotheses) >= 10 and j.counts["boundary"] > 0
     assert elapsed < 3.0, f"{elapsed:.2f} s for {hf.numel()} elements and {len(j.hypotheses)} hypotheses"
+
+
+def test_hypotheses_after_one_that_explains_everything_are_not_evaluated():
+    """Once a hypothesis explains every out-of-set element no later one can change a verdict or be named (the
+    first of equals is), so it is not evaluated (``explained`` None); one that explains part leaves the rest tried."""
+    from ulptrace.oracle.judge import HypothesisResult, judge_sets
+
+    lo = hi = pt = torch.zeros(4, dtype=torch.float64)
+    out = torch.tensor([0.0, 1.0, 2.0, 0.0])  # two elements outside [0, 0]
+    called = []
+
+    def interval(name, top):
+        def make():
+            called.append(name)
+            return torch.zeros(4, dtype=torch.float64), torch.full((4,), top, dtype=torch.float64)
+        return make
+
+    def options(*tops):
+        return [(HypothesisResult(f"h{i}", f"hypothesis {i}", None, 0), interval(f"h{i}", t)) for i, t in enumerate(tops)]
+
+    j = judge_sets(out, None, lo, hi, pt, options(1.0, 2.0, 2.0), torch.float32)
+    assert called == ["h0", "h1"]  # h1 explains both: h2 is not evaluated
+    assert [h.explained for h in j.hypotheses] == [1, 2, None]
+    assert j.boundary == "hypothesis 1" and j.explained == 1.0 and j.counts["boundary"] == 2
+    called.clear()
+    j = judge_sets(out, None, lo, hi, pt, options(1.0, 1.0), torch.float32)
+    assert called == ["h0", "h1"] and j.counts["error"] == 1 and j.boundary == "hypothesis 0"
