@@ -56,6 +56,7 @@ class OracleJudge:
         self.hypotheses = hypotheses
         self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)
         self._programs: dict[tuple, Any] = {}
+        self._layers: Any = None
         param = next(reference_model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")
 
@@ -73,7 +74,7 @@ class OracleJudge:
         if key not in self._programs:
             assert site.formula is not None
             # name parameters as a kernel engineer reads them: relative to the layer ("linear_attn.A_log")
-            scope = decoder_layers(self.model)[site.layer] if site.layer is not None else self.model
+            scope = self._scope(site)
             self._programs[key] = capture_semantics(self._formulas[site.name], inputs, constant_names=scope,
                                                     name=site.name)
         return self._programs[key]
@@ -135,8 +136,15 @@ class OracleJudge:
         """The judged run's sharded parameters, named as the site's program names its constants."""
         from ulptrace.oracle.sharding import in_scope
 
-        scope = decoder_layers(self.model)[site.layer] if site.layer is not None else self.model
-        return in_scope(self.shards, self.model, scope)
+        return in_scope(self.shards, self.model, self._scope(site))
+
+    def _scope(self, site: Site) -> Any:
+        """The module a site's program names its constants relative to: its decoder layer, else the model."""
+        if site.layer is None:
+            return self.model
+        if self._layers is None:  # looked up once (a walk over every module)
+            self._layers = decoder_layers(self.model)
+        return self._layers[site.layer]
 
     @staticmethod
     def _candidate_inputs(reference: Record, candidate: Record) -> dict[str, torch.Tensor] | str:
