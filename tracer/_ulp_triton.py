@@ -156,8 +156,9 @@ def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: 
     n_cols = bits_a.shape[-1] if bits_a.dim() else 1
     n_rows = bits_a.numel() // max(n_cols, 1)
     out = torch.zeros(RECORD_SLOTS, dtype=torch.int64, device=bits_a.device)
-    cols = min(max(triton.next_power_of_2(n_cols), 16), 2048)
-    rows = max(1, 2048 // cols)
+    # three tile shapes in all (short, medium and long rows), so a run compiles few variants of the kernel
+    cols = next(c for c in (16, 128, 1024) if c >= n_cols or c == 1024)
+    rows = 2048 // cols
     _record_kernel[(triton.cdiv(n_rows, rows),)](
         bits_a.reshape(-1), bits_b.reshape(-1), out, n_rows, n_cols,
         MAG=magnitude_mask, MAXF=max_finite_bits, LIMIT=limit, MANT=mantissa_bits, BIAS=bias,
