@@ -137,15 +137,15 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     from ulptrace.trace import Record
 
     total = torch.cuda.get_device_properties(0).total_memory
-    big = torch.ones(2**20, device="cuda")  # 4 MiB
-    # room for exactly one such record above what is allocated now
+    first, second = torch.ones(2**20, device="cuda"), torch.full((2**20,), 2.0, device="cuda")  # 4 MiB each
+    # room for one such record above what is allocated now (both records included)
     monkeypatch.setattr(MemorySink, "AUTO_SHARE", (torch.cuda.memory_allocated() + 6 * 2**20) / total)
     sink = MemorySink(device="auto")
-    sink.add(Record("a", 0, "norm", 0, big.clone(), {}))
-    sink.add(Record("b", 0, "norm", 0, big.clone(), {}))
+    sink.add(Record("a", 0, "norm", 0, first, {}))
+    sink.add(Record("b", 0, "norm", 0, second, {}))
     trace = sink.trace
-    assert trace.get(("a", 0)).out.is_cuda and trace.get(("b", 0)).out.device.type == "cpu"
-    assert torch.equal(trace.get(("b", 0)).out, big.cpu())
+    assert trace.get(("a", 0)).out is first  # kept where it was produced
+    assert trace.get(("b", 0)).out.device.type == "cpu" and torch.equal(trace.get(("b", 0)).out, second.cpu())
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
