@@ -24,6 +24,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,10 @@ def _tensor_key(site: str, step: int, role: str) -> str:
 class TraceWriter:
     """Streams records to disk one step shard at a time; ``close()`` renames the directory into place.
 
-    Records must arrive step by step (all of step t before step t+1), as a recorder produces them.
-    Memory held is one step's records.
+    Records must arrive step by step (all of step t before step t+1), as a recorder produces them. A finished
+    step's shard is written by a background thread (GPU tensors copied to pinned host memory without waiting),
+    so the run does not stall on the disk; a failed write is raised by the next ``add`` that starts a step, or by
+    ``close``. Memory held: the step being recorded and the one being written.
     """
 
     def __init__(self, path: str | os.PathLike, metadata: dict[str, Any] | None = None) -> None:
@@ -179,6 +182,8 @@ class TraceWriter:
         self._stored: dict[int, str] = {}  # id(tensor) -> key, within the pending step
         self._step: int | None = None
         self._closed = False
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ulptrace-trace-writer")
+        self._writing: Future | None = None  # the previous step's shard
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry; keys given to ``close`` later still win."""
@@ -204,21 +209,43 @@ class TraceWriter:
         self._entries.append(entry)
 
     def _flush(self) -> None:
+        self._wait()  # one shard in flight: a failed write surfaces here, before more is queued
         if not self._pending:
             return
-        from safetensors.torch import save_file
-
         name = _shard_name(self._step)  # type: ignore[arg-type]
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self._pending.items()}
-        save_file(tensors, str(self._tmp / name))
-        self._shards[name] = (self._tmp / name).stat().st_size
+        devices = {v.device for v in self._pending.values() if v.is_cuda}
+        # GPU tensors go to pinned host memory asynchronously; the writer waits for those copies (an event)
+        tensors = {k: v.detach().to("cpu", non_blocking=v.is_cuda).contiguous() for k, v in self._pending.items()}
+        events = []
+        for device in devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self._writing = self._writer.submit(self._write, name, tensors, events)
         self._pending = {}
         self._stored = {}
+
+    def _write(self, name: str, tensors: dict[str, torch.Tensor], events: list[Any]) -> None:
+        from safetensors.torch import save_file
+
+        for event in events:
+            event.synchronize()
+        save_file(tensors, str(self._tmp / name))
+        self._shards[name] = (self._tmp / name).stat().st_size
+
+    def _wait(self) -> None:
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def close(self, metadata: dict[str, Any] | None = None) -> Path:
         if self._closed:
             return self.path
-        self._flush()
+        try:
+            self._flush()
+            self._wait()
+        finally:
+            self._writer.shutdown(wait=True)
         if metadata:
             self.metadata.update(metadata)
         manifest = {
@@ -235,6 +262,7 @@ class TraceWriter:
         return self.path
 
     def abort(self) -> None:
+        self._writer.shutdown(wait=True)  # a shard being written finishes before its directory goes
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._closed = True
 

@@ -163,3 +163,44 @@ def test_an_input_that_is_an_earlier_records_output_is_compared_once(monkeypatch
     sink.add(Record("a", 0, "norm", 0, cand_x, {}))
     sink.add(Record("b", 0, "linear", 0, cand_y, {"x": cand_x.clone()}))
     assert sink.finish().sites[1].input_delta == {"x": 1} and len(calls) == 5
+
+
+def test_trace_writer_writes_shards_in_the_background_and_raises_a_failed_write(tmp_path, monkeypatch) -> None:
+    """Shards are written by a background thread; what is written equals what was recorded, and a write that
+    fails is raised by the writer (at the next step or at close), never lost."""
+    import safetensors.torch as st
+    from ulptrace.trace import Record, TraceWriter
+
+    writer = TraceWriter(tmp_path / "ok.trace")
+    values = {step: torch.randn(3, 4).bfloat16() for step in range(3)}
+    for step, value in values.items():
+        writer.add(Record("s", step, "norm", 0, value, {"x": value * 2}))
+    loaded = load_trace(writer.close())
+    for step, value in values.items():
+        record = loaded[("s", step)]
+        assert torch.equal(record.out, value) and torch.equal(record.inputs["x"], value * 2)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(st, "save_file", disk_full)
+    writer = TraceWriter(tmp_path / "full.trace")
+    writer.add(Record("s", 0, "norm", 0, values[0], {}))
+    writer.add(Record("s", 1, "norm", 0, values[1], {}))  # step 0's shard is queued here
+    with pytest.raises(OSError, match="No space left on device"):
+        writer.close()
+    assert not (tmp_path / "full.trace").exists()  # never renamed into place
+    writer.abort()
+
+
+@pytest.mark.gpu
+def test_trace_writer_copies_gpu_records_without_waiting_and_writes_them_exactly(tmp_path) -> None:
+    from ulptrace.trace import Record, TraceWriter
+
+    writer = TraceWriter(tmp_path / "gpu.trace")
+    values = {step: torch.randn(64, 256, device="cuda").bfloat16() for step in range(4)}
+    for step, value in values.items():
+        writer.add(Record("s", step, "norm", 0, value, {}))
+    loaded = load_trace(writer.close())
+    for step, value in values.items():
+        assert torch.equal(loaded[("s", step)].out, value.cpu())
