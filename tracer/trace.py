@@ -215,7 +215,7 @@ class TraceWriter:
         name = _shard_name(self._step)  # type: ignore[arg-type]
         devices = {v.device for v in self._pending.values() if v.is_cuda}
         # GPU tensors go to pinned host memory asynchronously; the writer waits for those copies (an event)
-        tensors = {k: v.detach().to("cpu", non_blocking=v.is_cuda).contiguous() for k, v in self._pending.items()}
+        tensors = {k: v.detach().contiguous().to("cpu", non_blocking=v.is_cuda) for k, v in self._pending.items()}
         events = []
         for device in devices:
             event = torch.cuda.Event()
