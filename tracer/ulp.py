@@ -642,6 +642,10 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
     n = a.numel()
     fmt = format_of(a.dtype)
     limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    if a.device.type == "cpu" and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
+        c = _cpu_stats()(ba, bb, magnitude_mask=fmt.magnitude_mask, max_finite_bits=fmt.max_finite_bits,
+                         limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=False)
+        return UlpStats(n - c[0], c[20], _buckets(c[0:19]))
     if a.is_cuda and _triton_stats() is not None and n < 2**31:
         c, top = _triton_stats()(ba, bb, fmt.magnitude_mask, limit, fmt.bits)  # one fused pass
         return UlpStats(n - c[0], top, _buckets(c))
@@ -668,6 +672,14 @@ def _buckets(c: list[int]) -> dict[str, int]:
     """Counts of codes 0..16 (distance), 17 (> 16), 18 (nonfinite) -> :data:`HISTOGRAM_BUCKETS`."""
     return {"0": c[0], "1": c[1], "2": c[2], "3-4": c[3] + c[4], "5-8": sum(c[5:9]), "9-16": sum(c[9:17]),
             ">16": c[17], "nonfinite": c[18]}
+
+
+def _cpu_stats() -> Any:
+    """The compiled one-pass CPU statistics (``ulptrace._ulp_cpu.stats``), or None where they cannot be built
+    (no C compiler: the torch path serves, with the same results)."""
+    from ulptrace import _ulp_cpu
+
+    return _ulp_cpu.stats if _ulp_cpu.library() is not None else None
 
 
 def _triton_stats() -> Any:
@@ -740,6 +752,11 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
                                           mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, width=fmt.bits)
         return PendingStats(buffer=buffer, numel=n)
     ba, bb = bits(a), bits(b)
+    if a.device.type == "cpu" and n > 0 and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
+        limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+        slots = _cpu_stats()(ba, bb, magnitude_mask=fmt.magnitude_mask, max_finite_bits=fmt.max_finite_bits,
+                             limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=rows)
+        return PendingStats(_from_slots(slots, n, rows))
     if torch.equal(ba, bb):
         stats = _equal_stats(a)
         rows = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
@@ -755,17 +772,18 @@ def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
     """The results of :func:`pending_stats` calls, in order; device buffers are read in one copy."""
     buffers = [p.buffer for p in pending if p.buffer is not None]
     host = iter(torch.stack(buffers).tolist() if buffers else [])
-    out = []
-    for p in pending:
-        if p.value is not None:
-            out.append(p.value)
-            continue
-        c = next(host)
-        codes = c[0:19]
-        rows = dict(zip(ROW_HISTOGRAM_BUCKETS, c[21:30]))
-        max_row = struct.unpack("<d", struct.pack("<q", c[30]))[0]
-        out.append(RecordStats(c[19] == 0, p.numel - codes[0], c[20], _buckets(codes), max_row, rows))
-    return out
+    return [p.value if p.value is not None else _from_slots(next(host), p.numel, True) for p in pending]
+
+
+def _from_slots(c: list[int], numel: int, rows: bool) -> RecordStats:
+    """A ``RecordStats`` from the 32 slots of ``ulptrace._ulp_triton.RECORD_LAYOUT`` (CUDA kernel or compiled CPU
+    pass); ``rows=False``: the row slots were not computed."""
+    codes = c[0:19]
+    if not rows:
+        return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), None, {})  # type: ignore[arg-type]
+    max_row = struct.unpack("<d", struct.pack("<q", c[30]))[0]
+    return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), max_row,
+                       dict(zip(ROW_HISTOGRAM_BUCKETS, c[21:30])))
 
 
 def _row_stats_torch(a: torch.Tensor, b: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor

@@ -61,14 +61,28 @@ def _cases(dtype):
     yield "long rows", long_a, (long_a.float() * (1 + 2.0 ** -5 * torch.randn(2, 5000, generator=gen))).to(dtype)
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def cpu_path(request, monkeypatch):
+    """Both CPU paths: the compiled one-pass C function (ulptrace._ulp_cpu) and the torch operations."""
+    if request.param == "compiled":
+        from ulptrace import _ulp_cpu
+
+        assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()  # CI has a C compiler
+    else:
+        monkeypatch.setattr(U, "_cpu_stats", lambda: None)
+        monkeypatch.setattr(U, "_CPU_CHUNK", 1000)  # several blocks of rows
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
-def test_record_stats_equal_the_reference_definitions(dtype, monkeypatch) -> None:
-    monkeypatch.setattr(U, "_CPU_CHUNK", 1000)  # several blocks of rows
+def test_record_stats_equal_the_reference_definitions(dtype, cpu_path) -> None:
     for name, a, b in _cases(dtype):
-        assert tuple(record_stats(a, b)) == _expected(a, b), (dtype, name)
+        assert tuple(record_stats(a, b)) == _expected(a, b), (dtype, name, cpu_path)
+        rows_off = resolve_stats([pending_stats(a, b, rows=False)])[0]  # a recorded input's statistics
+        assert tuple(rows_off)[:4] == _expected(a, b)[:4], (dtype, name, cpu_path)
 
 
-def test_hand_derived_row_distances() -> None:
+def test_hand_derived_row_distances(cpu_path) -> None:
     # a row [4.0, 1.0]: magnitude 4.0, its BF16 ULP 2**-5; 1.0 -> 1.0078125 (0x3F81) moved 2**-7 = 1/4 row ULP;
     # 4.0 -> 4.0625 (0x4082) moved 2**-4 = 2 row ULPs (and 2 of its own ULPs)
     a = torch.tensor([[0x4080, 0x3F80]], dtype=torch.int16).view(torch.bfloat16)
@@ -128,3 +142,17 @@ def test_fused_cuda_record_stats_equal_the_reference_definitions(dtype) -> None:
     big = torch.randn(4, 248_320).bfloat16()  # a logits-sized row
     other = (big.float() * (1 + 2.0 ** -7 * torch.randn(big.shape))).bfloat16()
     assert tuple(record_stats(big.cuda(), other.cuda())) == _expected(big, other)
+
+
+def test_without_a_c_compiler_the_torch_path_serves_and_says_why(tmp_path, monkeypatch) -> None:
+    from ulptrace import _ulp_cpu
+
+    monkeypatch.setattr(_ulp_cpu, "_state", {})
+    monkeypatch.setenv("ULPTRACE_CACHE", str(tmp_path))  # nothing built there yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    assert _ulp_cpu.library() is None and "no-such-cc" in _ulp_cpu.unavailable_reason()
+    a = torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16)
+    assert tuple(record_stats(a, a * 2)) == _expected(a, a * 2)  # the torch path, same figures
+    with pytest.raises(RuntimeError, match="compiled ULP statistics are unavailable: .*no-such-cc"):
+        _ulp_cpu.stats(U.bits(a), U.bits(a), magnitude_mask=0x7FFF, max_finite_bits=0x7F7F, limit=0x7F80,
+                       mantissa_bits=7, bias=127, rows=True)

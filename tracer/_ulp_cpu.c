@@ -1,0 +1,84 @@
+/* One pass over two bit-pattern arrays: the ULP statistics of a record on the CPU (see _ulp_cpu.py).
+ *
+ * Per element: the ordered-key distance (codes 0..16, 17 = "> 16", 18 = NaN on either side), its largest finite
+ * value, and whether the bit patterns differ. Per row (the last dimension), when asked: the distance in ULPs of
+ * the row's largest finite |a| (row codes 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16",
+ * 8 nonfinite) and its largest finite value, in double precision from values decoded from the bits (exact).
+ * Output: int64 out[32] laid out as the Triton kernel's (ulptrace._ulp_triton.RECORD_LAYOUT); out[30] holds the
+ * largest row distance's double bit pattern.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static double decode(int64_t x, int64_t magnitude, int mant, int bias) {
+    int64_t exponent = magnitude >> mant;
+    int64_t fraction = magnitude & ((((int64_t)1) << mant) - 1);
+    int64_t significand = exponent == 0 ? fraction : (fraction | (((int64_t)1) << mant));
+    double value = ldexp((double)significand, (int)((exponent < 1 ? 1 : exponent) - bias - mant));
+    return x < 0 ? -value : value;
+}
+
+static int row_code(double d) {
+    if (d == 0.0) return 0;
+    if (d < 1.0) return 1;
+    if (d <= 1.0) return 2;
+    if (d <= 2.0) return 3;
+    if (d <= 4.0) return 4;
+    if (d <= 8.0) return 5;
+    if (d <= 16.0) return 6;
+    return 7;
+}
+
+#define DEFINE_STATS(NAME, T)                                                                                    \
+    void NAME(const T* a, const T* b, int64_t n_rows, int64_t n_cols, int64_t mag, int64_t maxf, int64_t limit,  \
+              int mant, int bias, int rows, int64_t* out) {                                                      \
+        int64_t codes[19] = {0}, row_codes[9] = {0}, differ = 0, max_ulp = 0;                                   \
+        double max_row = 0.0;                                                                                    \
+        for (int64_t r = 0; r < n_rows; ++r) {                                                                   \
+            const T* ra = a + r * n_cols;                                                                        \
+            const T* rb = b + r * n_cols;                                                                        \
+            double inv_unit = 0.0;                                                                               \
+            if (rows) {                                                                                          \
+                int64_t top = 0;                                                                                 \
+                for (int64_t c = 0; c < n_cols; ++c) {                                                           \
+                    int64_t ma = ((int64_t)ra[c]) & mag;                                                         \
+                    if (ma <= maxf && ma > top) top = ma;                                                        \
+                }                                                                                                \
+                int64_t biased = top >> mant;                                                                    \
+                inv_unit = ldexp(1.0, (int)(bias + mant - (biased < 1 ? 1 : biased)));                           \
+            }                                                                                                    \
+            for (int64_t c = 0; c < n_cols; ++c) {                                                               \
+                int64_t xa = ra[c], xb = rb[c];                                                                  \
+                int64_t ma = xa & mag, mb = xb & mag;                                                            \
+                int64_t distance = (xa < 0 ? -ma : ma) - (xb < 0 ? -mb : mb);                                    \
+                if (distance < 0) distance = -distance;                                                          \
+                if (ma > limit || mb > limit) {                                                                  \
+                    codes[18]++;                                                                                 \
+                } else {                                                                                         \
+                    codes[distance > 17 ? 17 : distance]++;                                                      \
+                    if (distance > max_ulp) max_ulp = distance;                                                  \
+                }                                                                                                \
+                int same = xa == xb;                                                                             \
+                differ += !same;                                                                                 \
+                if (!rows) continue;                                                                             \
+                if (!same && (ma > maxf || mb > maxf)) {                                                         \
+                    row_codes[8]++;                                                                              \
+                    continue;                                                                                    \
+                }                                                                                                \
+                double d = same ? 0.0 : fabs(decode(xa, ma, mant, bias) - decode(xb, mb, mant, bias)) * inv_unit;\
+                row_codes[row_code(d)]++;                                                                        \
+                if (d > max_row) max_row = d;                                                                    \
+            }                                                                                                    \
+        }                                                                                                        \
+        memset(out, 0, 32 * sizeof(int64_t));                                                                    \
+        memcpy(out, codes, sizeof(codes));                                                                       \
+        out[19] = differ;                                                                                        \
+        out[20] = max_ulp;                                                                                       \
+        memcpy(out + 21, row_codes, sizeof(row_codes));                                                          \
+        memcpy(out + 30, &max_row, sizeof(double));                                                              \
+    }
+
+DEFINE_STATS(ulptrace_stats_8, int8_t)
+DEFINE_STATS(ulptrace_stats_16, int16_t)
+DEFINE_STATS(ulptrace_stats_32, int32_t)

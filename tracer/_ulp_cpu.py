@@ -1,0 +1,91 @@
+"""One-pass ULP statistics on the CPU: a small C function (``_ulp_cpu.c``) compiled on first use and called
+through ctypes.
+
+The torch path of ``ulptrace.ulp.record_stats`` makes a dozen elementwise passes over a record per statistic;
+on a CPU that is most of what tracing costs. This reads both bit-pattern arrays once and produces the same
+buffer as the CUDA kernel (``ulptrace._ulp_triton.RECORD_LAYOUT``), equal to the reference definitions
+(tested). It needs a C compiler (``cc``, or ``$CC``); the shared library is cached under
+``~/.cache/ulptrace`` (or ``$ULPTRACE_CACHE``) by a hash of the source. Where it cannot be built, :func:`library`
+is None, :func:`unavailable_reason` says why, and the torch path serves (same results, slower).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SOURCE = Path(__file__).with_name("_ulp_cpu.c")
+_state: dict[str, Any] = {}
+_FUNCTIONS = {1: "ulptrace_stats_8", 2: "ulptrace_stats_16", 4: "ulptrace_stats_32"}
+
+
+def _cache() -> Path:
+    root = os.environ.get("ULPTRACE_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "ulptrace"
+
+
+def _build() -> ctypes.CDLL:
+    source = SOURCE.read_bytes()
+    target = _cache() / f"ulp_cpu_{hashlib.sha1(source).hexdigest()[:12]}.so"
+    if not target.exists():
+        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise OSError("no C compiler found (cc, gcc or $CC)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, renamed into place (atomic)
+            built = Path(tmp) / target.name
+            done = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(SOURCE), "-lm"],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                raise OSError(f"{compiler} failed: {done.stderr.strip()[:500]}")
+            os.replace(built, target)
+    lib = ctypes.CDLL(str(target))
+    i64, i32, p = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    for name in _FUNCTIONS.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, i64, i64, i64, i64, i64, i32, i32, i32, p]
+        fn.restype = None
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled statistics, built on first use; None where they cannot be (see :func:`unavailable_reason`)."""
+    if "lib" not in _state:
+        try:
+            _state["lib"] = _build()
+        except OSError as exc:
+            _state["lib"], _state["why"] = None, str(exc)
+    return _state["lib"]
+
+
+def unavailable_reason() -> str | None:
+    """Why the compiled statistics are not used here, or None when they are."""
+    return None if library() is not None else _state.get("why")
+
+
+def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: int, max_finite_bits: int, limit: int,
+          mantissa_bits: int, bias: int, rows: bool) -> list[int]:
+    """The 32 int64 slots of ``RECORD_LAYOUT`` for two contiguous CPU bit-pattern tensors of one integer dtype
+    (rows are the last dimension; ``rows=False`` leaves the row slots 0).
+
+    Raises:
+        RuntimeError: :func:`library` is None.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the compiled ULP statistics are unavailable: {unavailable_reason()}")
+    a, b = bits_a.contiguous(), bits_b.contiguous()
+    n_cols = a.shape[-1] if a.dim() else 1
+    n_rows = a.numel() // max(n_cols, 1)
+    out = torch.zeros(32, dtype=torch.int64)
+    getattr(lib, _FUNCTIONS[a.element_size()])(a.data_ptr(), b.data_ptr(), n_rows, n_cols, magnitude_mask,
+                                               max_finite_bits, limit, mantissa_bits, bias, int(rows), out.data_ptr())
+    return out.tolist()
