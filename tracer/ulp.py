@@ -625,6 +625,8 @@ def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
     ba, bb = bits(a), bits(b)
+    if a.device.type == "cpu" and a.numel() and _cpu_stats() is not None:
+        return _differing_stats(a, ba, bb)  # one compiled pass; it counts equal tensors' NaNs the same way
     if torch.equal(ba, bb):
         return _equal_stats(a)
     return _differing_stats(a, ba, bb)
