@@ -37,7 +37,7 @@ if AVAILABLE:
         nan, distance = _distance(xa, xb, xa & MAG, xb & MAG, LIMIT)
         code = tl.where(nan, 18, tl.minimum(distance, 17))
         code = tl.where(inside, code, 19).to(tl.int32)
-        tl.atomic_add(counts_ptr + tl.arange(0, 32), tl.histogram(code, 32))
+        tl.atomic_add(counts_ptr + tl.arange(0, 32), tl.histogram(code, 32).to(tl.int64))  # int64: n may pass 2**31
         tl.atomic_max(max_ptr, tl.max(tl.where(nan | ~inside, 0, distance), axis=0).to(tl.int64))
 
 
@@ -52,7 +52,7 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, magnitude_mask: int, limit
         raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
     a, b = bits_a.reshape(-1), bits_b.reshape(-1)
     n = a.numel()
-    counts = torch.zeros(BINS, dtype=torch.int32, device=a.device)
+    counts = torch.zeros(BINS, dtype=torch.int64, device=a.device)
     maximum = torch.zeros(1, dtype=torch.int64, device=a.device)
     block = 4096
     wide = tl.int64 if width > 16 else tl.int32

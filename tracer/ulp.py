@@ -599,6 +599,7 @@ def row_histogram(distance: RowUlpDistance) -> dict[str, int]:
 
 
 _CPU_CHUNK = 1 << 16  # elements per chunk of ulp_stats on the CPU (fits the L2 cache with its temporaries)
+_GPU_CHUNK = 1 << 26  # elements per block of the torch row statistics on a GPU (Triton's kernel needs none)
 
 
 class UlpStats(NamedTuple):
@@ -648,7 +649,7 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
         c = _cpu_stats()(ba, bb, magnitude_mask=fmt.magnitude_mask, max_finite_bits=fmt.max_finite_bits,
                          limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=False)
         return UlpStats(n - c[0], c[20], _buckets(c[0:19]))
-    if a.is_cuda and _triton_stats() is not None and n < 2**31:
+    if a.is_cuda and _triton_stats() is not None:
         c, top = _triton_stats()(ba, bb, fmt.magnitude_mask, limit, fmt.bits)  # one fused pass
         return UlpStats(n - c[0], top, _buckets(c))
     # ordered keys in the narrowest integer that holds a distance (int32 up to 16-bit formats); on the CPU in
@@ -657,7 +658,7 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
     counts = torch.zeros(19, dtype=torch.int64, device=a.device)
     max_ulp = torch.zeros((), dtype=wide, device=a.device)
     flat_a, flat_b = ba.reshape(-1), bb.reshape(-1)
-    step = n if a.is_cuda else _CPU_CHUNK
+    step = _GPU_CHUNK if a.is_cuda else _CPU_CHUNK
     for start in range(0, n, step):
         xa, xb = flat_a[start:start + step].to(wide), flat_b[start:start + step].to(wide)
         ma, mb = xa & fmt.magnitude_mask, xb & fmt.magnitude_mask
@@ -743,7 +744,7 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
     n = a.numel()
-    if a.is_cuda and b.device == a.device and 0 < n < 2**31 \
+    if a.is_cuda and b.device == a.device and n > 0 \
             and _triton_stats() is not None:
         from ulptrace import _ulp_triton
 
@@ -797,7 +798,9 @@ def _row_stats_torch(a: torch.Tensor, b: torch.Tensor, ba: torch.Tensor, bb: tor
     bounds = torch.tensor(_ROW_BOUNDS, dtype=torch.float64, device=a.device)
     counts = torch.zeros(9, dtype=torch.int64, device=a.device)
     top = torch.zeros((), dtype=torch.float64, device=a.device)
-    block = max(1, _CPU_CHUNK // max(n_cols, 1)) if not a.is_cuda else a2.shape[0]
+    # blocks of rows: cache-sized on the CPU, bounded on a GPU (a long prompt's logits record has billions of
+    # elements; its float64 temporaries at once would not fit)
+    block = max(1, (_CPU_CHUNK if not a.is_cuda else _GPU_CHUNK) // max(n_cols, 1))
     for start in range(0, a2.shape[0], block):
         ref, cand = a2[start:start + block], b2[start:start + block]
         magnitude = _row_magnitude(ref)
