@@ -12,8 +12,10 @@ the bit patterns (no Python loops over elements):
 - :func:`spacing`, :func:`next_up`, :func:`next_down` -- the ULP at ``x`` and its neighbours;
 - :func:`round_to` -- a *single* round-to-nearest-even from float64 (or float32) to a format. torch's own
   ``double -> bfloat16/float16/float8`` casts go through float32 and can round twice; this one does not;
-- :func:`ulp_histogram`, :func:`merge_histograms`, :func:`format_histogram` -- the fixed buckets used
-  wherever ULP statistics are shown;
+- :func:`ulp_histogram`, :func:`grouped_histograms`, :func:`merge_histograms`, :func:`format_histogram` -- the
+  fixed buckets used wherever ULP statistics are shown;
+- :func:`ulp_stats`, :func:`record_stats` (:func:`pending_stats`, :func:`resolve_stats`) -- what a comparison
+  computes per record, in one pass (a Triton kernel on CUDA, a compiled C pass on the CPU, torch elsewhere);
 - :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above;
 - :func:`bits`, :func:`same_bits` -- bit patterns, the one definition of "bitwise equal" element-wise;
 - :func:`row_ulp_distance`, :func:`row_histogram` -- differences in ULPs of the row's magnitude, beside
@@ -43,6 +45,7 @@ __all__ = [
     "format_histogram",
     "format_of",
     "from_ordering_key",
+    "grouped_histograms",
     "merge_histograms",
     "next_down",
     "next_up",
@@ -473,6 +476,21 @@ def ulp_histogram(distance: torch.Tensor | UlpDistance, nan: torch.Tensor | None
     # one bincount of the distances clamped at 17 (0..16 by value, 17 for "> 16"), folded into the buckets
     counts = torch.bincount(distance[~nonfinite].clamp(max=17), minlength=18).tolist()
     return _buckets(counts + [int(nonfinite.sum())])
+
+
+def grouped_histograms(distance: UlpDistance, groups: torch.Tensor, n_groups: int) -> list[dict[str, int]]:
+    """:func:`ulp_histogram` of the elements of each group, in one pass: ``groups`` holds each element's group
+    (integers ``0 .. n_groups - 1``, ``distance``'s shape); returns one histogram per group, in order.
+
+    Raises:
+        ValueError: ``groups``' shape differs from the distances'.
+    """
+    d, nan = distance.distance, distance.nan
+    if groups.shape != d.shape:
+        raise ValueError(f"groups must have the distances' shape {tuple(d.shape)}, but got {tuple(groups.shape)}")
+    code = torch.where(nan | (d < 0), torch.full_like(d, 18), d.clamp(max=17))  # 18: nonfinite
+    counts = torch.bincount((groups.to(torch.int64) * 19 + code).reshape(-1), minlength=n_groups * 19)
+    return [_buckets(row) for row in counts.reshape(n_groups, 19).tolist()]
 
 
 def merge_histograms(*histograms: dict[str, int]) -> dict[str, int]:

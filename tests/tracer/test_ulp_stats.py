@@ -75,3 +75,20 @@ def test_fused_cuda_statistics_equal_the_reference_definition(dtype) -> None:
     b[idx] = (a[idx].float() * (1 + 0.3 * torch.randn(idx.numel(), generator=gen))).to(dtype)
     a[:3], b[1:4], a[5], b[5] = float("nan"), float("nan"), 0.0, -0.0
     assert tuple(ulp_stats(a.cuda(), b.cuda())) == _reference(a, b)
+
+
+def test_grouped_histograms_equal_one_histogram_per_group() -> None:
+    from ulptrace.ulp import grouped_histograms
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(5000, generator=gen).bfloat16()
+    b = (a.float() * (1 + 0.05 * torch.randn(5000, generator=gen))).bfloat16()
+    a[:5], b[3:9] = float("nan"), float("inf")
+    groups = torch.randint(0, 4, (5000,), generator=gen, dtype=torch.uint8)
+    d = ulp_distance(a, b)
+    got = grouped_histograms(d, groups, 5)  # group 4 is empty
+    for g in range(5):
+        hit = groups == g
+        assert got[g] == ulp_histogram(d.distance[hit], d.nan[hit]), g
+    with pytest.raises(ValueError, match=r"groups must have the distances' shape \(5000,\), but got \(3,\)"):
+        grouped_histograms(d, groups[:3], 5)

@@ -15,7 +15,7 @@ from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
 from ulptrace.oracle.sharding import ShardedReduction
-from ulptrace.ulp import FORMATS, HISTOGRAM_BUCKETS, round_to, same_bits, ulp_distance, ulp_histogram
+from ulptrace.ulp import FORMATS, HISTOGRAM_BUCKETS, grouped_histograms, round_to, same_bits, ulp_distance
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
@@ -296,10 +296,7 @@ def verdict_histogram(verdicts: torch.Tensor, output: torch.Tensor,
     device = verdicts.device
     ref = reference_output.detach().to(device)[differ]
     cand = output.detach().to(device)[differ].to(reference_output.dtype)
-    dist = ulp_distance(ref, cand)
-    codes = verdicts[differ]
+    per_verdict = grouped_histograms(ulp_distance(ref, cand), verdicts[differ], len(VERDICTS))
     for code in range(TIE, len(VERDICTS)):
-        hit = codes == code
-        if bool(hit.any()):
-            out[VERDICTS[code]] = ulp_histogram(dist.distance[hit], dist.nan[hit])
+        out[VERDICTS[code]] = per_verdict[code]
     return out
