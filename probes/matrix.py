@@ -269,6 +269,8 @@ def check_rows(reference: Side, candidate: Side, check: dict[str, Any], *, judge
 
 # the grid fields a merged report's parts must share (seeds and candidates are what parts split)
 _SHARED_GRID = ("batches", "modes", "graph_attempts", "prompt_len", "new_tokens", "cache_len", "device", "dtype")
+_REPORT_KEYS = ("model", "reference", "candidates", "grid", "near_tie_rule", "located", "locate_limit",
+                "locate_seconds", "complete", "rows", "checks", "timing")
 
 
 def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
@@ -290,6 +292,10 @@ def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str] | None
         if not isinstance(r, dict) or r.get("schema") != SCHEMA:
             found = r.get("schema") if isinstance(r, dict) else type(r).__name__
             raise ValueError(f"{name}: expected a matrix report (schema {SCHEMA!r}), but found {found!r}")
+        missing = [k for k in _REPORT_KEYS if k not in r] + [f"grid.{k}" for k in _SHARED_GRID + ("seeds",)
+                                                              if k not in r.get("grid", {})]
+        if missing:
+            raise ValueError(f"{name}: not a whole matrix report: it lacks {', '.join(missing)}")
     first, first_name = reports[0], names[0]
     for name, r in zip(names[1:], reports[1:]):
         for field, a, b in [("model", first["model"], r["model"]), ("reference", first["reference"], r["reference"]),

@@ -235,6 +235,8 @@ def test_merged_parts_equal_the_whole_grid_and_bad_parts_are_refused(monkeypatch
         merge_reports([part0, other])
     with pytest.raises(ValueError, match="expected a matrix report"):
         merge_reports([part0, {"schema": "ulptrace.onset"}])
+    with pytest.raises(ValueError, match=r"report 2: not a whole matrix report: it lacks model, .*grid\.batches"):
+        merge_reports([part0, {"schema": part0["schema"]}])
 
     # the command: parts from files, the merged report written; a bad file is one line, exit 2
     a, b, out, md = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "m.json", tmp_path / "m.md"
