@@ -105,7 +105,7 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rows: bool = True) -> PendingStats 
     ``rows=False`` for a recorded input, whose row-magnitude statistics nobody reads."""
     if a.dtype in FORMATS:
         return pending_stats(a, b, rows=rows)
-    return RecordStats(bitwise_equal(a, b), int((a != b).sum()), None, {}, None, {})  # type: ignore[arg-type]
+    return RecordStats(bitwise_equal(a, b), int((a != b).sum()), None, {}, None, {})
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

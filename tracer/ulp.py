@@ -717,10 +717,10 @@ class RecordStats(NamedTuple):
 
     equal: bool  # bitwise equal (NaN payloads and signed zeros count)
     differing: int  # as UlpStats
-    max_ulp: int
+    max_ulp: int | None  # None: no ULPs for this dtype (integer / bool records in a comparison)
     histogram: dict[str, int]
-    max_row_ulp: float  # largest finite row_ulp_distance (0.0 when none)
-    row_histogram: dict[str, int]  # row_histogram(row_ulp_distance(a, b))
+    max_row_ulp: float | None  # largest finite row_ulp_distance (0.0 when none; None: not computed)
+    row_histogram: dict[str, int]  # row_histogram(row_ulp_distance(a, b)) ({} when not computed)
 
 
 class PendingStats:
@@ -779,12 +779,11 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
                              limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=rows)
         return PendingStats(_from_slots(slots, n, rows))
     if torch.equal(ba, bb):
-        stats = _equal_stats(a)
-        rows = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
-        rows["0"] = n
-        return PendingStats(RecordStats(True, *stats, 0.0, rows))
+        row_hist = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
+        row_hist["0"] = n
+        return PendingStats(RecordStats(True, *_equal_stats(a), 0.0, row_hist))
     if not rows:
-        return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), None, {}))  # type: ignore[arg-type]
+        return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), None, {}))
     max_row, row_hist = _row_stats_torch(a, b, ba, bb)
     return PendingStats(RecordStats(False, *_differing_stats(a, ba, bb), max_row, row_hist))
 
@@ -801,7 +800,7 @@ def _from_slots(c: list[int], numel: int, rows: bool) -> RecordStats:
     pass); ``rows=False``: the row slots were not computed."""
     codes = c[0:19]
     if not rows:
-        return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), None, {})  # type: ignore[arg-type]
+        return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), None, {})
     max_row = struct.unpack("<d", struct.pack("<q", c[30]))[0]
     return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), max_row,
                        dict(zip(ROW_HISTOGRAM_BUCKETS, c[21:30])))
