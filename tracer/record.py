@@ -229,9 +229,10 @@ class Recorder:
         # emitted, so the recorder holds only what a later site still needs, not a whole step (except the first
         # argument of a module whose residual is observed: its post-hook may read it as the residual)
         self._to_step_end = {f"{o.module}:in0" for o in self._needed if o.at == "residual"}
+        self._reads = {site.name: self._site_keys(site) for site in self.sites}
         self._uses: dict[str, int] = defaultdict(int)
-        for site in self.sites:
-            for key in self._site_keys(site):
+        for keys in self._reads.values():
+            for key in keys:
                 self._uses[key] += 1
         self._left: dict[str, int] = {}
         # a post-attention norm's residual falls back to its input when it returns one tensor
@@ -570,7 +571,7 @@ class Recorder:
             self._templates.append(record)
             return
         self.sink.add(record)
-        for key in self._site_keys(site):
+        for key in self._reads.get(site.name) or self._site_keys(site):
             if key in self._left:
                 self._left[key] -= 1
                 if self._left[key] <= 0 and key not in self._to_step_end:
