@@ -71,10 +71,9 @@ def unavailable_reason() -> str | None:
     return None if library() is not None else _state.get("why")
 
 
-def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: int, max_finite_bits: int, limit: int,
-          mantissa_bits: int, bias: int, rows: bool) -> list[int]:
-    """The 32 int64 slots of ``RECORD_LAYOUT`` for two contiguous CPU bit-pattern tensors of one integer dtype
-    (rows are the last dimension; ``rows=False`` leaves the row slots 0).
+def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int]:
+    """The 32 int64 slots of ``RECORD_LAYOUT`` for two CPU bit-pattern tensors of the format ``fmt``
+    (``ulptrace.ulp.FloatFormat``; rows are the last dimension; ``rows=False`` leaves the row slots 0).
 
     Raises:
         RuntimeError: :func:`library` is None.
@@ -86,6 +85,7 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: int, ma
     n_cols = a.shape[-1] if a.dim() else 1
     n_rows = a.numel() // max(n_cols, 1)
     out = torch.zeros(32, dtype=torch.int64)
-    getattr(lib, _FUNCTIONS[a.element_size()])(a.data_ptr(), b.data_ptr(), n_rows, n_cols, magnitude_mask,
-                                               max_finite_bits, limit, mantissa_bits, bias, int(rows), out.data_ptr())
+    getattr(lib, _FUNCTIONS[a.element_size()])(a.data_ptr(), b.data_ptr(), n_rows, n_cols, fmt.magnitude_mask,
+                                               fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias,
+                                               int(rows), out.data_ptr())
     return out.tolist()

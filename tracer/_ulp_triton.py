@@ -8,6 +8,8 @@ importable without Triton: importing ulptrace never imports Triton.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 try:
@@ -41,8 +43,7 @@ if AVAILABLE:
         tl.atomic_max(max_ptr, tl.max(tl.where(nan | ~inside, 0, distance), axis=0).to(tl.int64))
 
 
-def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, magnitude_mask: int, limit: int, width: int
-          ) -> tuple[list[int], int]:
+def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> tuple[list[int], int]:
     """(19 code counts, max finite distance) of two bit-pattern tensors of one integer dtype on CUDA.
 
     Raises:
@@ -55,8 +56,8 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, magnitude_mask: int, limit
     counts = torch.zeros(BINS, dtype=torch.int64, device=a.device)
     maximum = torch.zeros(1, dtype=torch.int64, device=a.device)
     block = 4096
-    wide = tl.int64 if width > 16 else tl.int32
-    _kernel[(triton.cdiv(n, block),)](a, b, counts, maximum, n, MAG=magnitude_mask, LIMIT=limit, WIDE=wide,
+    wide = tl.int64 if fmt.bits > 16 else tl.int32
+    _kernel[(triton.cdiv(n, block),)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
                                       BLOCK=block, num_warps=8)
     return counts[:19].tolist(), int(maximum.item())
 
@@ -142,8 +143,7 @@ if AVAILABLE:
         tl.atomic_max(out_ptr + 30, tl.max(tl.max(top_row, axis=1), axis=0).to(tl.int64, bitcast=True))
 
 
-def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: int, max_finite_bits: int,
-                 limit: int, mantissa_bits: int, bias: int, width: int) -> torch.Tensor:
+def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> torch.Tensor:
     """Enqueue the statistics of two same-shape CUDA tensors of one float format, given as bit patterns;
     returns the int64 buffer of ``RECORD_SLOTS`` they are written to (``RECORD_LAYOUT``). Rows are the last
     dimension. No host synchronisation.
@@ -161,6 +161,6 @@ def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, *, magnitude_mask: 
     rows = 2048 // cols
     _record_kernel[(triton.cdiv(n_rows, rows),)](
         bits_a.reshape(-1), bits_b.reshape(-1), out, n_rows, n_cols,
-        MAG=magnitude_mask, MAXF=max_finite_bits, LIMIT=limit, MANT=mantissa_bits, BIAS=bias,
-        WIDE=tl.int64 if width > 16 else tl.int32, R=rows, C=cols, num_warps=8)
+        MAG=fmt.magnitude_mask, MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
+        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=rows, C=cols, num_warps=8)
     return out

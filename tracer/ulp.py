@@ -104,6 +104,11 @@ class FloatFormat:
         return (((1 << self.exponent_bits) - 1) << self.mantissa_bits) if self.has_inf else None
 
     @property
+    def nan_above(self) -> int:
+        """Magnitude bits above which a pattern is NaN: infinity's (IEEE formats), else the largest finite's."""
+        return self.inf_bits if self.inf_bits is not None else self.max_finite_bits
+
+    @property
     def max_finite_bits(self) -> int:
         """Bit pattern of the largest finite value; every larger magnitude pattern is inf or NaN."""
         if self.nan_encoding == "ieee":
@@ -196,8 +201,7 @@ def _from_unsigned_bits(bits: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
 
 
 def _is_nan_magnitude(magnitude: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
-    return magnitude > limit
+    return magnitude > fmt.nan_above
 
 
 def ordering_key(x: torch.Tensor) -> torch.Tensor:
@@ -235,7 +239,7 @@ def from_ordering_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool:
         raise TypeError(f"key must be an integer tensor, but got {key.dtype}")
     key = key.to(torch.int64)
-    top = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    top = fmt.nan_above  # the largest ordered magnitude
     if key.numel() and int(key.abs().max()) > top:
         raise ValueError(f"{fmt.name} ordering keys lie in [-{top}, {top}], but got {int(key.abs().max())}")
     bits = torch.where(key < 0, fmt.sign_bit - key, key)
@@ -644,9 +648,8 @@ def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
     ba, bb = bits(a), bits(b)
-    if a.device.type == "cpu" and a.numel() and _cpu_stats() is not None:
-        return _differing_stats(a, ba, bb)  # one compiled pass; it counts equal tensors' NaNs the same way
-    if torch.equal(ba, bb):
+    compiled = a.device.type == "cpu" and a.numel() and _cpu_stats() is not None  # it counts equal NaNs alike
+    if not compiled and torch.equal(ba, bb):
         return _equal_stats(a)
     return _differing_stats(a, ba, bb)
 
@@ -662,13 +665,12 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
     """``ulp_stats`` of two tensors known to differ somewhere, from their bit patterns ``ba``, ``bb``."""
     n = a.numel()
     fmt = format_of(a.dtype)
-    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
+    limit = fmt.nan_above
     if a.device.type == "cpu" and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
-        c = _cpu_stats()(ba, bb, magnitude_mask=fmt.magnitude_mask, max_finite_bits=fmt.max_finite_bits,
-                         limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=False)
+        c = _cpu_stats()(ba, bb, fmt, rows=False)
         return UlpStats(n - c[0], c[20], _buckets(c[0:19]))
     if a.is_cuda and _triton_stats() is not None:
-        c, top = _triton_stats()(ba, bb, fmt.magnitude_mask, limit, fmt.bits)  # one fused pass
+        c, top = _triton_stats()(ba, bb, fmt)  # one fused pass
         return UlpStats(n - c[0], top, _buckets(c))
     # ordered keys in the narrowest integer that holds a distance (int32 up to 16-bit formats); on the CPU in
     # cache-sized chunks, so the few elementwise passes run from cache rather than from memory
@@ -767,17 +769,10 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
         from ulptrace import _ulp_triton
 
         a, b = a.contiguous(), b.contiguous()
-        limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
-        buffer = _ulp_triton.record_stats(bits(a), bits(b), magnitude_mask=fmt.magnitude_mask,
-                                          max_finite_bits=fmt.max_finite_bits, limit=limit,
-                                          mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, width=fmt.bits)
-        return PendingStats(buffer=buffer, numel=n)
+        return PendingStats(buffer=_ulp_triton.record_stats(bits(a), bits(b), fmt), numel=n)
     ba, bb = bits(a), bits(b)
     if a.device.type == "cpu" and n > 0 and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
-        limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
-        slots = _cpu_stats()(ba, bb, magnitude_mask=fmt.magnitude_mask, max_finite_bits=fmt.max_finite_bits,
-                             limit=limit, mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, rows=rows)
-        return PendingStats(_from_slots(slots, n, rows))
+        return PendingStats(_from_slots(_cpu_stats()(ba, bb, fmt, rows=rows), n, rows))
     if torch.equal(ba, bb):
         row_hist = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
         row_hist["0"] = n

@@ -114,10 +114,7 @@ def _fused(a, b):
 
     fmt = FORMATS[a.dtype]
     a, b = a.contiguous(), b.contiguous()
-    limit = fmt.inf_bits if fmt.inf_bits is not None else fmt.max_finite_bits
-    buffer = _ulp_triton.record_stats(U.bits(a), U.bits(b), magnitude_mask=fmt.magnitude_mask,
-                                      max_finite_bits=fmt.max_finite_bits, limit=limit,
-                                      mantissa_bits=fmt.mantissa_bits, bias=fmt.bias, width=fmt.bits)
+    buffer = _ulp_triton.record_stats(U.bits(a), U.bits(b), fmt)
     return tuple(resolve_stats([U.PendingStats(buffer=buffer, numel=a.numel())])[0])
 
 
@@ -154,5 +151,4 @@ def test_without_a_c_compiler_the_torch_path_serves_and_says_why(tmp_path, monke
     a = torch.tensor([[1.0, 2.0]], dtype=torch.bfloat16)
     assert tuple(record_stats(a, a * 2)) == _expected(a, a * 2)  # the torch path, same figures
     with pytest.raises(RuntimeError, match="compiled ULP statistics are unavailable: .*no-such-cc"):
-        _ulp_cpu.stats(U.bits(a), U.bits(a), magnitude_mask=0x7FFF, max_finite_bits=0x7F7F, limit=0x7F80,
-                       mantissa_bits=7, bias=127, rows=True)
+        _ulp_cpu.stats(U.bits(a), U.bits(a), FORMATS[torch.bfloat16], rows=True)
