@@ -45,3 +45,23 @@ def cuda_kernels(cuda_compiler):
     from ulptrace.kernels import _build
 
     return _build.extension()
+
+
+@pytest.fixture
+def fail_oracle_at(monkeypatch):
+    """``fail_oracle_at(suffix)``: the oracle raises on every site whose program name ends with ``suffix`` (an
+    interval rule missing for an op), as an oracle that cannot judge a site does; other sites are judged."""
+
+    def fail(suffix: str) -> None:
+        import ulptrace.oracle
+
+        real = ulptrace.oracle.judge
+
+        def failing(program, *args, **kwargs):
+            if program.name.endswith(suffix):
+                raise NotImplementedError("no interval rule for aten.fake_op")
+            return real(program, *args, **kwargs)
+
+        monkeypatch.setattr(ulptrace.oracle, "judge", failing)
+
+    return fail

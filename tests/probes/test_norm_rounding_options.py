@@ -74,18 +74,9 @@ def test_all_shows_bitwise_equal_rows_in_the_table(tmp_path, capsys) -> None:
     assert "layers.0.input_layernorm" in table and "layers.0.linear_attn.norm" in table
 
 
-def test_allow_could_not_judge(tmp_path, monkeypatch) -> None:
+def test_allow_could_not_judge(tmp_path, fail_oracle_at) -> None:
     """An oracle that fails on the gated norm: exit 1 naming it, unless --allow-could-not-judge."""
-    import ulptrace.oracle
-
-    real = ulptrace.oracle.judge
-
-    def failing(program, *args, **kwargs):
-        if program.name.endswith("linear_attn.norm"):
-            raise NotImplementedError("no interval rule for aten.fake_op")
-        return real(program, *args, **kwargs)
-
-    monkeypatch.setattr(ulptrace.oracle, "judge", failing)
+    fail_oracle_at("linear_attn.norm")
     rc, data = run(tmp_path, "--candidate", "kernels:fused", "--kinds", "gated_norm")
     assert rc == 1
     assert data["could_not_judge"] and all(c["site"].endswith("linear_attn.norm") for c in data["could_not_judge"])

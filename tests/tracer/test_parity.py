@@ -22,15 +22,8 @@ SMALL = ["--prompts", "2", "--prompt-len", "8", "--new-tokens", "2"]
 
 
 @pytest.fixture
-def oracle_fails_on_glu(monkeypatch):
-    real = ulptrace.oracle.judge
-
-    def failing(program, *args, **kwargs):
-        if program.name.endswith("mlp.glu"):
-            raise NotImplementedError("no interval rule for aten.fake_op")
-        return real(program, *args, **kwargs)
-
-    monkeypatch.setattr(ulptrace.oracle, "judge", failing)
+def oracle_fails_on_glu(fail_oracle_at):
+    fail_oracle_at("mlp.glu")
 
 
 def run(model):
