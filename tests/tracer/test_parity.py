@@ -12,7 +12,6 @@ import json
 import pytest
 import torch
 import ulptrace
-import ulptrace.oracle
 from ulptrace.cli import main
 from ulptrace.parity import ParityError, check_parity
 from ulptrace.report import to_markdown
