@@ -7,6 +7,10 @@
 - P3: ``onset`` with the oracle over the same two untraced generations;
 - P5: peak memory of the traced onset over the untraced pair (GPU: allocator peak; CPU: not measured).
 
+P1 is measured twice in the process: cold (the first traced run pays one-time costs such as Triton's compilation
+of the statistics kernel, cached on disk for later processes) and warm (a second run of the same work);
+``--profile FILE`` writes cProfile's top functions of the warm run.
+
 ``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
 timings — removed), so two commits can be checked for identical verdicts, statistics and onsets:
 
@@ -55,7 +59,7 @@ def untraced_pair(cfg) -> float:
         return time.perf_counter() - t0
 
 
-def traced(cfg, reports: Path | None, name: str) -> tuple[float, int]:
+def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int]:
     """(seconds of run_onset less its two model builds, peak allocated bytes on CUDA or 0)."""
     from ulptrace.models import build_model
     from ulptrace.probes.onset import run_onset
@@ -69,10 +73,23 @@ def traced(cfg, reports: Path | None, name: str) -> tuple[float, int]:
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    prof = None
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
     t0 = time.perf_counter()
     comparison, info = run_onset(cfg)
     _sync(cfg.device)
     seconds = time.perf_counter() - t0 - build
+    if prof is not None:
+        import io
+        import pstats
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+        Path(profile).write_text(f"run_onset {seconds:.2f} s less builds {build:.2f} s\n" + text.getvalue())
     peak = torch.cuda.max_memory_allocated() if cfg.device.startswith("cuda") else 0
     if reports is not None:
         data = comparison.to_json()
@@ -120,6 +137,7 @@ def main() -> None:
     p.add_argument("--stats-mib", type=int, default=64)
     p.add_argument("--reports", type=Path)
     p.add_argument("--json")
+    p.add_argument("--profile", help="write cProfile's top functions of the warm P1 run to this file")
     args = p.parse_args()
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
@@ -129,9 +147,12 @@ def main() -> None:
                     oracle=False)
     pair = untraced_pair(cfg)
     seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
-    out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak}
+    warm, _ = traced(cfg, None, "P1-warm", args.profile)
+    out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
+                 "warm_onset_s": warm, "warm_ratio": warm / pair}
     print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
-          f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x", flush=True)
+          f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm",
+          flush=True)
     st = stats_bandwidth(args.device, args.stats_mib)
     out["P2"] = st
     print(f"P2 ULP statistics {args.stats_mib} MiB x2: {st['stats_GBps']:.1f} GB/s vs copy {st['copy_GBps']:.1f} GB/s"

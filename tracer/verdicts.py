@@ -181,36 +181,75 @@ def _on(record: Record, device: torch.device) -> Record:
                   {k: v.to(device) for k, v in record.inputs.items()})
 
 
+class UnavailableOracle:
+    """The judge of a stored trace whose reference model cannot be rebuilt (``judge_for_trace``).
+
+    Every record that differs gets ``could_not_judge`` with the reason, so a comparison whose oracle was
+    asked for but is missing fails parity (unless ``could_not_judge`` is allowed) instead of reading as
+    "no onset"; bitwise-equal records need no oracle and get none.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
+        if bitwise_equal(reference.out, candidate.out):
+            return None
+        return {"verdicts": None, "could_not_judge": self.reason, "note": f"no oracle: {self.reason}"}
+
+
+def _rebuild_device(metadata: dict[str, Any]) -> str:
+    """Where to rebuild a trace's reference model: the device it was recorded on when this machine has it
+    (an embedded model's seeded weights are drawn by that device's generator), else the CPU."""
+    recorded = str(metadata.get("device") or "cpu")
+    if recorded.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(recorded).index
+        return recorded if index is None or index < torch.cuda.device_count() else "cuda"
+    return "cpu"
+
+
 def judge_for_trace(metadata: dict[str, Any], progress: Callable[[str], None] | None = None, *,
-                    stack: ExitStack, judge_reference: bool = False) -> OracleJudge | None:
+                    stack: ExitStack, judge_reference: bool = False) -> OracleJudge | UnavailableOracle:
     """Rebuild the reference model a trace was recorded from, for judging stored traces offline.
 
-    Works for embedded models and local checkpoints named in the manifest; returns None (and says
-    why through ``progress``) when the model cannot be rebuilt, so the comparison runs without
-    verdicts rather than with guessed ones. The reference's path defines the semantics, so it stays
-    applied for as long as the judge is used: until ``stack`` (the caller's ``ExitStack``) closes,
-    which undoes it — a ``kernels:`` path's process-wide attention function included.
+    Works for embedded models and local checkpoints named in the manifest, rebuilt on the device the trace
+    was recorded on when this machine has one (``_rebuild_device``). When the model cannot be rebuilt, or
+    its parameters differ from the recorded ones, returns an ``UnavailableOracle`` (and says why through
+    ``progress``): every differing record is then "could not judge" with that reason — never a guessed
+    verdict, and never a silent comparison without verdicts. The reference's path defines the semantics,
+    so it stays applied for as long as the judge is used: until ``stack`` (the caller's ``ExitStack``)
+    closes, which undoes it — a ``kernels:`` path's process-wide attention function included.
     """
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path
 
     say = progress or (lambda msg: None)
+
+    def unavailable(reason: str) -> UnavailableOracle:
+        say(f"no verdicts: {reason}; every differing record is reported as 'could not judge' "
+            "(--no-oracle compares without the oracle on purpose)")
+        return UnavailableOracle(reason)
+
+    device = _rebuild_device(metadata)
     try:
         model = build_model(metadata["model"], dtype=getattr(torch, metadata.get("dtype") or "bfloat16"),
-                            seed=metadata.get("seed") or 0,
+                            seed=metadata.get("seed") or 0, device=device,
                             attn_implementation=metadata.get("attn_implementation") or "sdpa")
         stack.enter_context(apply_path(model, metadata.get("path", "hf")))
     except (KeyError, ValueError, OSError) as exc:
-        say(f"no verdicts: cannot rebuild the reference model from the trace metadata ({exc})")
-        return None
+        return unavailable(f"cannot rebuild the reference model from the trace metadata ({exc})")
     from ulptrace.record import parameter_checksums
 
     recorded = metadata.get("parameters")
     if isinstance(recorded, dict) and recorded != parameter_checksums(model):
-        say("no verdicts: the rebuilt reference model's parameters differ from the ones the trace was recorded "
-            "with (another checkpoint, seed or ulptrace version?)")
-        return None
-    say(f"verdicts use the semantics of {metadata['model']} on path {metadata.get('path', 'hf')!r}")
+        where = str(metadata.get("device") or "cpu")
+        if torch.device(where).type != torch.device(device).type:
+            return unavailable(f"the trace was recorded on {where}, and an embedded model's seeded weights are "
+                               f"drawn by that device's generator: rebuilt on {device} they differ (compare "
+                               f"on a machine with {torch.device(where).type})")
+        return unavailable("the rebuilt reference model's parameters differ from the ones the trace was recorded "
+                           "with (another checkpoint, seed or ulptrace version?)")
+    say(f"verdicts use the semantics of {metadata['model']} on path {metadata.get('path', 'hf')!r} (rebuilt on {device})")
     return OracleJudge(model, judge_reference=judge_reference)
 
 

@@ -73,7 +73,29 @@ def test_record_then_compare(tmp_path, capsys) -> None:
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--json", "-", "--allow-different-inputs"]) == 0
     out = capsys.readouterr()
     assert "parameters differ" in out.err
-    assert all(s["verdicts"] is None for s in json.loads(out.out)["sites"])
+    data = json.loads(out.out)
+    assert all(s["verdicts"] is None for s in data["sites"])
+    # ... and that is never parity: every differing record is one the oracle could not judge
+    differing = {(s["site"], s["step"]) for s in data["sites"] if s["differing"]}
+    assert differing and {(c["site"], c["step"]) for c in data["could_not_judge"]} == differing
+    assert not data["parity"]["ok"] and "parameters differ" in data["could_not_judge"][0]["reason"]
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--allow-different-inputs",
+                 "--fail-on-onset"]) == 1
+    # a trace recorded on a GPU: its seeded weights come from that device's generator, and the report says so
+    meta["metadata"].update(seed=0, device="cuda:0")
+    manifest.write_text(json.dumps(meta))
+    capsys.readouterr()
+    if not __import__("torch").cuda.is_available():
+        assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--json", "-"]) == 0
+        err = capsys.readouterr().err
+        assert "verdicts use the semantics" in err and "rebuilt on cpu" in err  # the checksums still match
+        first = next(iter(meta["metadata"]["parameters"]))
+        meta["metadata"]["parameters"][first] += "0"
+        manifest.write_text(json.dumps(meta))
+        assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--json", "-"]) == 0
+        out = capsys.readouterr()
+        assert "recorded on cuda:0" in out.err and "compare on a machine with cuda" in out.err
+        assert not json.loads(out.out)["parity"]["ok"]
 
 
 @pytest.mark.parametrize(

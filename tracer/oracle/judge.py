@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
@@ -189,7 +190,7 @@ def judge_sets(
     lo: torch.Tensor,
     hi: torch.Tensor,
     pt: torch.Tensor,
-    hypotheses: Sequence[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]],
+    hypotheses: Sequence[tuple[Any, ...]],
     out_dtype: torch.dtype,
     *,
     site: str | None = None,
@@ -197,7 +198,15 @@ def judge_sets(
     """Verdicts of ``output`` against an admissible set ``[lo, hi]`` (float64, ends already rounded to the
     output's dtype) and hypotheses, each a result record and a function giving its set — called only
     when some element is outside. Every oracle construction (captured programs, the GatedDeltaNet scan)
-    decides verdicts here, so their meaning is the same everywhere (see :func:`judge`)."""
+    decides verdicts here, so their meaning is the same everywhere (see :func:`judge`).
+
+    A hypothesis may be a triple ``(record, interval, rivals)``: ``rivals`` names earlier hypotheses it is an
+    alternative design to (e.g. kernels rounding different sets of a scan's intermediates), and its
+    ``interval`` returns ``(lo, hi, center)``. It is tried even after a rival explained every out-of-set
+    element, and it is named instead when it explains as many and its center is closer to the output on
+    them (mean absolute distance): sets widened for intermediate roundings can each cover another design's
+    values, and the name is the design that fits.
+    """
     v = output.detach().to(device=lo.device, dtype=torch.float64)
     in_set = ((v >= lo) & (v <= hi)) | (torch.isnan(v) & (torch.isnan(pt) | torch.isnan(lo) | torch.isnan(hi)))
     nonfinite = ~in_set & (~torch.isfinite(v) | ~torch.isfinite(pt) | torch.isnan(lo) | torch.isnan(hi))
@@ -211,19 +220,27 @@ def judge_sets(
     results: list[HypothesisResult] = []
     explained_any = torch.zeros_like(outside)
     most = 0
-    for record, interval in hypotheses:
-        if n_outside and most == n_outside:
+    full: set[str] = set()  # hypotheses that explain every out-of-set element
+    fit: dict[str, float] = {}  # mean |output - center| over the out-of-set elements, where a center is given
+    rivals: dict[str, tuple[str, ...]] = {}
+    for record, interval, *extra in hypotheses:
+        rivals[record.kind] = tuple(extra[0]) if extra else ()
+        if n_outside and most == n_outside and not full & set(rivals[record.kind]):
             # an earlier hypothesis explains every out-of-set element: no later one changes a verdict or is named
-            # (the first of equals is), so it is not evaluated
+            # (the first of equals is, unless a rival design fits better), so it is not evaluated
             results.append(HypothesisResult(record.kind, record.description, record.op, None))
             continue
         count = 0
         if n_outside:
-            h_lo, h_hi = interval()
+            h_lo, h_hi, *center = interval()
             hit = outside & (v >= h_lo) & (v <= h_hi)
             explained_any |= hit
             count = int(hit.sum())
             most = max(most, count)
+            if count == n_outside:
+                full.add(record.kind)
+                if center:
+                    fit[record.kind] = float((v - center[0].to(v))[outside].abs().mean())
         results.append(HypothesisResult(record.kind, record.description, record.op, count))
 
     verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
@@ -234,7 +251,11 @@ def judge_sets(
     tally = torch.bincount(verdicts.flatten().long(), minlength=len(VERDICTS)).tolist()
     counts = {name: int(tally[k]) for k, name in enumerate(VERDICTS)}
 
-    best = max(results, key=lambda r: r.explained or 0, default=None)  # first of equals: the simplest
+    best = max(results, key=lambda r: r.explained or 0, default=None)  # first of equals: the simplest ...
+    for r in results:  # ... unless a rival design explains as many and fits better
+        if best is not None and best.kind in rivals.get(r.kind, ()) and r.kind in fit and \
+                fit[r.kind] < fit.get(best.kind, float("inf")):
+            best = r
     boundary = best.description if best is not None and best.explained else None
     explained = (best.explained or 0) / n_outside if boundary is not None and best is not None and n_outside else 0.0
 

@@ -400,3 +400,31 @@ def test_hypotheses_after_one_that_explains_everything_are_not_evaluated():
     called.clear()
     j = judge_sets(out, None, lo, hi, pt, options(1.0, 1.0), torch.float32)
     assert called == ["h0", "h1"] and j.counts["error"] == 1 and j.boundary == "hypothesis 0"
+
+
+def test_a_rival_design_that_fits_better_is_named_instead_of_the_first_that_explains():
+    """Two designs (``rivals``) can both cover a kernel's values: the later one is still tried after the first
+    explained everything, and is named only when its center is closer to the output."""
+    from ulptrace.oracle.judge import HypothesisResult, judge_sets
+
+    lo = hi = pt = torch.zeros(4, dtype=torch.float64)
+    out = torch.tensor([0.0, 1.0, 2.0, 0.0])  # elements 1 and 2 outside [0, 0]
+    called = []
+
+    def option(name, center, rivals=()):
+        def make():
+            called.append(name)
+            return (torch.full((4,), -5.0, dtype=torch.float64), torch.full((4,), 5.0, dtype=torch.float64),
+                    torch.tensor(center, dtype=torch.float64))
+        return (HypothesisResult(name, f"design {name}", None, 0), make, rivals)
+
+    # "fuller" sits on the output's values (mean distance 0), "simple" 0.5 away: the fuller design is named
+    j = judge_sets(out, None, lo, hi, pt, [option("simple", [0, 1.5, 1.5, 0]), option("other", [0, 1, 2, 0]),
+                                           option("fuller", [0, 1, 2, 0], ("simple",))], torch.float32)
+    assert called == ["simple", "fuller"]  # "other" has no rivals: skipped as before
+    assert j.boundary == "design fuller" and j.explained == 1.0 and j.counts["boundary"] == 2
+    # the fuller design fits worse: the simpler one keeps the name
+    called.clear()
+    j = judge_sets(out, None, lo, hi, pt, [option("simple", [0, 1, 2, 0]),
+                                           option("fuller", [0, 0.5, 2.5, 0], ("simple",))], torch.float32)
+    assert called == ["simple", "fuller"] and j.boundary == "design simple"
