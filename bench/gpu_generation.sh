@@ -9,6 +9,7 @@
 # Usage on the device machine:  OUT=/dir bash bench/gpu_generation.sh [PHASE ...]   (default: matrix batch lockstep)
 # Sizes (environment): SEEDS="0 1" BATCHES="1 2 4 8" ATTEMPTS=2 PROMPT_LEN=128 NEW_TOKENS=16 PROMPTS=8
 #   PATHS="hf kernels:faithful kernels:fused" LOCKSTEP_PATHS="hf kernels:fused" MODEL=qwen3.5-0.8b
+# MATRIX_EXTRA: more `ulptrace matrix` options (e.g. --resume PARTIAL.json).
 # Budgets (seconds, environment): LOCATE_SECONDS=90 (matrix: no row is located once locating has taken that
 #   long; the rest keep their first divergent step and near-tie class), BI_LOCATE_SECONDS=25; each phase is also
 #   stopped by a timeout (SIGINT; the matrix keeps its partial JSON report, checks done so far):
@@ -76,7 +77,7 @@ for p in $PHASES; do
       # shellcheck disable=SC2086
       phase matrix "$MATRIX_TIMEOUT" python3 -m ulptrace matrix $run --candidate $PATHS --seeds $SEEDS \
           --batches $BATCHES --modes $MODES --graph-attempts "$ATTEMPTS" --locate-seconds "$LOCATE_SECONDS" \
-          --json "$OUT/matrix.json" --markdown "$OUT/matrix.md" --plot "$OUT/matrix.png"
+          --json "$OUT/matrix.json" --markdown "$OUT/matrix.md" --plot "$OUT/matrix.png" ${MATRIX_EXTRA:-}
       if [ -s "$OUT/matrix.json" ]; then
         phase bench_matrix "$BENCH_TIMEOUT" python3 bench/bench_matrix.py --matrix-json "$OUT/matrix.json" --json "$OUT/bench_matrix.json"
       fi

@@ -7,6 +7,8 @@
 # measured alone: bench/bench_matrix.py, RESULTS.md).
 #   on the device:  OUT=$OUT bash bench/gpu_generation_parts.sh        (PART_TIMEOUT=470 s per process)
 #   FLA=1 (carry .whl) also traces flash-linear-attention against HF beside them (issue 10).
+#   RESUME_DIR=DIR: the $OUT of an earlier call (in the working tree): its complete parts are kept, its stopped
+#   ones resumed (`ulptrace matrix --resume`); BI_BATCHES: the batch-invariance batches (default 1 2 4 8).
 set -uo pipefail
 : "${OUT:?set OUT}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -21,9 +23,16 @@ fi
 common=(SKIP_INSTALL=1 MATRIX_TIMEOUT="$PART_TIMEOUT" LOCATE_SECONDS=100000 BENCH_TIMEOUT=1)
 pids=()
 part() {  # part NAME ENV...: gpu_generation.sh with ENV, its output under $OUT/NAME
-  local name=$1; shift
+  local name=$1 extra=""; shift
   mkdir -p "$OUT/$name"
-  env OUT="$OUT/$name" "$@" bash bench/gpu_generation.sh "${PHASE:-matrix}" > "$OUT/$name/run.log" 2>&1 &
+  local earlier="${RESUME_DIR:-/nonexistent}/$name/matrix.json"
+  if [ "${PHASE:-matrix}" = matrix ] && [ -f "$earlier" ]; then  # a part of an earlier call: kept if complete, else resumed
+    if python3 -c "import json, sys; sys.exit(0 if json.load(open('$earlier'))['complete'] else 1)"; then
+      cp "$earlier" "$OUT/$name/matrix.json"; echo "$name: complete in $earlier, kept"; return
+    fi
+    extra="--resume $earlier"
+  fi
+  env OUT="$OUT/$name" MATRIX_EXTRA="$extra" "$@" bash bench/gpu_generation.sh "${PHASE:-matrix}" > "$OUT/$name/run.log" 2>&1 &
   pids+=($!)
 }
 part hf "${common[@]}" PATHS=hf SEEDS="$SEEDS"
@@ -41,7 +50,7 @@ if [ -n "${FLA:-}" ]; then  # issue 10: flash-linear-attention traced against HF
       --check-reference --json "$OUT/fla/fla_gdn.json" > "$OUT/fla/fla_gdn.txt" 2>&1 &
   pids+=($!)
 fi
-PHASE=batch part batch SKIP_INSTALL=1 BATCHES="1 2 4 8" BI_TIMEOUT="$PART_TIMEOUT" BI_LOCATE_SECONDS=100000
+PHASE=batch part batch SKIP_INSTALL=1 BATCHES="${BI_BATCHES:-1 2 4 8}" BI_TIMEOUT="$PART_TIMEOUT" BI_LOCATE_SECONDS=100000
 for pid in "${pids[@]}"; do wait "$pid"; done
 grep -h "rc=" "$OUT"/*/phases.txt
 parts=$(ls "$OUT"/*/matrix.json)

@@ -58,6 +58,7 @@ class MatrixConfig:
     locate: bool = True
     locate_limit: int | None = None  # at most this many divergent rows located per path and mode (None: all)
     locate_seconds: float | None = None  # no row located once locating has taken this long (None: no limit)
+    resume: dict[str, Any] | None = None  # an earlier (e.g. stopped) report of this grid: its checks are not re-run
 
     def attempts(self, mode: str) -> int:
         return self.graph_attempts if mode == "graph" else 1
@@ -85,6 +86,8 @@ class MatrixConfig:
         for path in self.candidates:  # the run layer's own checks, once per candidate (fault: steps, selection)
             RunConfig(**{**vars(base), "candidate": path, "candidate_mode": static, "prompts": max(self.batches),
                          "extra": dict(base.extra)}).validate()
+        if self.resume is not None:
+            resumed_checks(self, self.resume)
 
     @property
     def cache_len(self) -> int | None:
@@ -122,6 +125,8 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
     cache_len = cfg.cache_len
     meta = _selection(run)
     budget = {(p, m): cfg.locate_limit if cfg.locate else 0 for p in cfg.candidates for m in cfg.modes}
+    done = resumed_checks(cfg, cfg.resume) if cfg.resume is not None else {}
+    wanted = [(p, m, a) for p in cfg.candidates for m in cfg.modes for a in range(1, cfg.attempts(m) + 1)]
     earlier: dict[tuple, tuple[Any, list[dict[str, Any]]]] = {}  # an earlier attempt of the same configuration
 
     def report(complete: bool) -> dict[str, Any]:
@@ -146,8 +151,25 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
             "rows": rows,
             "checks": checks,
             "timing": {**timing, "seconds": time.perf_counter() - started},
+            **({"resumed": {"checks": len(done), "note": "checks taken from an earlier report of this grid (--resume), "
+                            "not re-run; timing counts this run only"}} if cfg.resume is not None else {}),
         }
+
+    def take(key: tuple) -> None:
+        """A check of the earlier report (``--resume``), counted as if run now."""
+        check, found = done[key]
+        summary[check["path"]][check["mode"]]["checks"] += 1
+        summary[check["path"]][check["mode"]]["exact"] += int(check["token_exact"])
+        rows.extend(found)
+        checks.append(check)
+
     for seed in cfg.seeds:
+        if all((p, m, seed, b, a) in done for b in cfg.batches for p, m, a in wanted):
+            for batch in cfg.batches:
+                for p, m, a in wanted:
+                    take((p, m, seed, batch, a))
+            say(f"seed {seed}: every check taken from the resumed report")
+            continue
         t0 = time.perf_counter()
         ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
         cand_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
@@ -161,6 +183,11 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
 
                 judge = OracleJudge(ref_model)  # built while only the reference's path is applied
             for batch in cfg.batches:
+                if all((p, m, seed, batch, a) in done for p, m, a in wanted):
+                    for p, m, a in wanted:
+                        take((p, m, seed, batch, a))
+                    say(f"seed {seed}, batch {batch}: every check taken from the resumed report")
+                    continue
                 prompts = prompts_all[:batch]
                 say(f"seed {seed}, batch {batch}: reference {run.reference!r} ({run.reference_mode})")
                 t0 = time.perf_counter()
@@ -173,6 +200,9 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                     with apply_path(cand_model, path):
                         for mode in cfg.modes:
                             for attempt in range(1, cfg.attempts(mode) + 1):
+                                if (path, mode, seed, batch, attempt) in done:
+                                    take((path, mode, seed, batch, attempt))
+                                    continue
                                 t0 = time.perf_counter()
                                 gen = generate(cand_model, prompts, run.new_tokens, mode=mode, cache_len=cache_len)
                                 _sync(run.device)
@@ -209,6 +239,42 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                                     on_check(report(False))
         del ref_model, cand_model
     return report(True)
+
+
+def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The checks of an earlier report of ``cfg``'s grid (``--resume``), keyed ``(path, mode, seed, batch,
+    attempt)``, each with its rows. A check without all of its batch's rows (cut off mid-write) is left to run.
+
+    Raises:
+        ValueError: not a matrix report, or one of another grid (naming the field and both values).
+    """
+    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
+        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
+        raise ValueError(f"--resume: expected a matrix report (schema {SCHEMA!r}), but found {found!r}")
+    run = cfg.run
+    ours = {"model": run.model, "reference": {"path": run.reference, "mode": run.reference_mode},
+            "located": cfg.locate, "grid.seeds": list(cfg.seeds), "grid.batches": list(cfg.batches),
+            "grid.modes": list(cfg.modes), "grid.graph_attempts": cfg.graph_attempts,
+            "grid.prompt_len": run.prompt_len, "grid.new_tokens": run.new_tokens, "grid.cache_len": cfg.cache_len,
+            "grid.device": run.device, "grid.dtype": run.dtype}
+    for field, value in ours.items():
+        theirs = report.get("grid", {}).get(field[5:]) if field.startswith("grid.") else report.get(field)
+        if theirs != value:
+            raise ValueError(f"--resume: the report is of another grid: {field} is {theirs!r} there, {value!r} here")
+    if set(report.get("candidates", [])) - set(cfg.candidates):
+        raise ValueError(f"--resume: the report has candidate paths {report['candidates']}, this run "
+                         f"{list(cfg.candidates)}: expected a subset")
+    keys = ("path", "mode", "seed", "batch", "attempt")
+    by_check: dict[tuple, list[dict[str, Any]]] = {}
+    for row in report.get("rows", []):
+        by_check.setdefault(tuple(row[k] for k in keys), []).append(row)
+    out = {}
+    for check in report.get("checks", []):
+        key = tuple(check[k] for k in keys)
+        found = sorted(by_check.get(key, []), key=lambda r: r["row"])
+        if [r["row"] for r in found] == list(range(check["batch"])):
+            out[key] = ({**check, "resumed": True}, found)
+    return out
 
 
 LOCATION_KEYS = ("accumulated", "restored_step_diverges", "onset", "first_difference", "located_by", "located")

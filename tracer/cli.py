@@ -494,28 +494,30 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                                oracle=not args.no_oracle, max_ulp=args.max_ulp),
                        candidates=args.candidate, seeds=args.seeds, batches=args.batches, modes=modes,
                        graph_attempts=args.graph_attempts, locate=not args.no_locate, locate_limit=args.locate_limit,
-                       locate_seconds=args.locate_seconds)
+                       locate_seconds=args.locate_seconds, resume=_read_matrix_report(args.resume) if args.resume else None)
     report = run_matrix(cfg, progress=report_progress, on_check=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
 
 
-def cmd_matrix_merge(args: argparse.Namespace) -> int:
+def _read_matrix_report(name: str) -> Any:
     import json
 
+    try:
+        return json.loads(Path(name).read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise ValueError(f"{name}: no such matrix report (expected the --json file of `ulptrace matrix`)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); expected the --json file of "
+                         "`ulptrace matrix`") from None
+
+
+def cmd_matrix_merge(args: argparse.Namespace) -> int:
     from ulptrace.plot import plot_matrix
     from ulptrace.probes.matrix import merge_reports, to_markdown, to_table
 
     _check_plot(args)
-    reports = []
-    for name in args.reports:
-        try:
-            reports.append(json.loads(Path(name).read_text()))
-        except FileNotFoundError:
-            raise ValueError(f"{name}: no such matrix report (expected the --json file of `ulptrace matrix`)") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); expected the --json file of "
-                             "`ulptrace matrix`") from None
+    reports = [_read_matrix_report(name) for name in args.reports]
     report = merge_reports(reports, names=args.reports)
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
@@ -583,6 +585,8 @@ def add_generation_commands(sub: Any) -> None:
                    help="locate at most N divergent rows per candidate path and mode, earliest steps first (default: "
                         "every row; the others keep their first divergent step and near-tie classification)")
     p.add_argument("--locate-seconds", type=float, default=None, metavar="S", help=seconds_help)
+    p.add_argument("--resume", metavar="REPORT.json", help="the --json report of an earlier run of this grid (e.g. "
+                   "one stopped by a time limit: its partial report): its checks are taken as they are, the rest run")
     add_report_options(p)
     _add_plot_option(p, "the first divergent step of every row of every check (near-tie flips marked)")
     p.set_defaults(fn=cmd_matrix)

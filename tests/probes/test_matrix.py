@@ -249,3 +249,47 @@ def test_merged_parts_equal_the_whole_grid_and_bad_parts_are_refused(monkeypatch
     assert main(["matrix-merge", str(a), str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such matrix report" in err[0]
+
+
+def test_a_stopped_matrix_resumed_equals_the_whole_run_and_another_grid_is_refused(monkeypatch, tmp_path, capsys) -> None:
+    """``--resume``: the checks of a stopped run's partial report are taken as they are and only the rest run
+    (a spy counts the generations); the result is the whole grid's, located rows included."""
+    from ulptrace.probes import matrix as matrix_probe
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    monkeypatch.setattr(generation_candidates, "GLU_SCALE", -4.0)
+    glu = "generation_candidates:glu_error_at_step_2"
+
+    def cfg(**kw):
+        return MatrixConfig(RunConfig(model="tiny-qwen3.5", prompt_len=16, new_tokens=4), candidates=["hf", glu],
+                            seeds=[0, 1], batches=[1, 2], modes=["static"], **kw)
+
+    whole = run_matrix(cfg())
+    assert any(r.get("located") for r in whole["rows"])  # located rows are part of what is resumed
+    partial = {**whole, "complete": False, "checks": whole["checks"][:5]}  # stopped after 5 of 8 checks
+    partial["rows"] = [r for r in whole["rows"] if any(all(r[k] == c[k] for k in ("path", "mode", "seed", "batch",
+                                                                                   "attempt")) for c in partial["checks"])]
+    partial["rows"] = partial["rows"][:-1]  # the 5th check's rows cut off mid-write: that check runs again
+    calls = []
+    real = matrix_probe.generate
+    monkeypatch.setattr(matrix_probe, "generate", lambda *a, **k: calls.append(bool(k.get("keep_states"))) or real(*a, **k))
+    resumed = run_matrix(cfg(resume=partial))
+    # seed 0's 4 checks taken, seed 1's 4 run: per batch a reference (keep_states) and 2 candidates
+    assert sorted(calls) == [False] * 4 + [True] * 2
+    assert resumed["complete"] is True and resumed["resumed"]["checks"] == 4
+    assert resumed["summary"] == whole["summary"]
+    strip = lambda items: [{k: v for k, v in x.items() if k not in ("seconds", "resumed")} for x in items]
+    assert strip(resumed["checks"]) == strip(whole["checks"]) and resumed["rows"] == whole["rows"]
+    assert [c.get("resumed", False) for c in resumed["checks"]] == [True] * 4 + [False] * 4
+
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(partial))
+    capsys.readouterr()
+    assert main(["matrix", "--model", "tiny-qwen3.5", "--prompt-len", "16", "--new-tokens", "8", "--candidate", "hf",
+                 glu, "--seeds", "0", "1", "--batches", "1", "2", "--modes", "static", "--resume", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "grid.new_tokens is 4 there, 8 here" in err[0], err
+    assert main(["matrix", "--candidate", "hf", "--resume", str(tmp_path / "nope.json")]) == 2
+    assert "no such matrix report" in capsys.readouterr().err
