@@ -210,9 +210,9 @@ def test_flash_linear_attention_on_qwen35_layers_is_the_tensor_core_boundary_not
         inputs = {r: data[f"{layer}.{r}"] for r in ("query", "key", "value", "g", "beta")}
         verdict = DeltaRuleSemantics("core").judge(inputs, data[f"{layer}.core"])
         assert verdict.counts["error"] == 0 and verdict.counts["boundary"] > 0, (layer, verdict.counts)
-        # q/k in BF16 alone covers these values too; the fuller design is named because it fits them better
+        # q/k in BF16 alone covers (nearly) all of these values too; the fuller design explains them all
         tried = {h.kind: h.explained for h in verdict.hypotheses}
-        assert tried["qk"] == tried["tensor_core"] == verdict.counts["boundary"]
+        assert tried["tensor_core"] == verdict.counts["boundary"] and tried["qk"] >= 0.99 * tried["tensor_core"]
         assert verdict.boundary == NAME["tensor_core"], layer
 
 
@@ -225,3 +225,29 @@ def test_a_kernel_rounding_only_qk_is_named_qk_and_a_tensor_core_kernel_tensor_c
     verdict = DeltaRuleSemantics("core").judge(inputs, output)
     assert verdict.counts["error"] == 0 and verdict.counts["boundary"] > 0, verdict.counts
     assert verdict.boundary == NAME[kind]
+
+
+@pytest.mark.parametrize("data", ["synthetic", "qwen3.5-0.8b layer 6"])
+def test_a_wrong_row_inside_a_named_chunked_design_is_still_an_error(data) -> None:
+    """The allowance of a chunked design for its intermediate roundings (a few percent of a row's size) does not
+    absorb a real defect: a tensor-core kernel whose output for one token is 25% too large is an error there,
+    and only there — also on a real layer's inputs, where single rows with cancellation change by several times
+    their size under the design (a chunk's largest change as the scale would have allowed 40%)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    if data == "synthetic":
+        inputs = _inputs(1, 64, 2, 2, 128, 128, seed=3)
+        core = chunked(inputs, stages=frozenset({"qk", "wy", "uw", "h", "v_new", "attn"})).core.to(torch.bfloat16)
+    else:  # flash-linear-attention's own output on the H200
+        fixture = load_file(Path(__file__).parent / "data" / "fla-0.6.0-gdn-qwen3.5-0.8b-h200.safetensors")
+        inputs = {r: fixture[f"layers.6.{r}"] for r in ("query", "key", "value", "g", "beta")}
+        core = fixture["layers.6.core"]
+    wrong = core.clone()
+    wrong[0, 20, 1] = (wrong[0, 20, 1].double() * 1.25).to(wrong.dtype)
+    verdict = DeltaRuleSemantics("core").judge(inputs, wrong)
+    errors = (verdict.verdicts == 3).nonzero()  # code 3: VERDICTS.index("error")
+    assert verdict.counts["error"] > 64, verdict.counts  # most of the token's 128 values
+    assert {(int(t), int(h)) for _, t, h, _ in errors.tolist()} == {(20, 1)}
+    assert verdict.boundary == NAME["tensor_core"]  # the rest is still the named design
