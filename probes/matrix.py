@@ -145,6 +145,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                      "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
             "near_tie_rule": NEAR_TIE_RULE,
             "located": cfg.locate,
+            "judging": judging(run),
             "locate_limit": cfg.locate_limit,
             "locate_seconds": cfg.locate_seconds,
             "summary": totals,
@@ -241,6 +242,12 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
     return report(True)
 
 
+def judging(run: RunConfig) -> dict[str, Any]:
+    """How rows are located and judged (``judging`` in the report): oracle on or off, the ULP budget of sites
+    without verdicts, and the site selection. Checks resumed or merged must agree on it."""
+    return {"oracle": run.oracle, "max_ulp": run.max_ulp, **_selection(run)["selection"]}
+
+
 def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """The checks of an earlier report of ``cfg``'s grid (``--resume``), keyed ``(path, mode, seed, batch,
     attempt)``, each with its rows. A check without all of its batch's rows (cut off mid-write) is left to run.
@@ -253,12 +260,15 @@ def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tup
         raise ValueError(f"--resume: expected a matrix report (schema {SCHEMA!r}), but found {found!r}")
     run = cfg.run
     ours = {"model": run.model, "reference": {"path": run.reference, "mode": run.reference_mode},
-            "located": cfg.locate, "grid.seeds": list(cfg.seeds), "grid.batches": list(cfg.batches),
-            "grid.modes": list(cfg.modes), "grid.graph_attempts": cfg.graph_attempts,
+            "located": cfg.locate, "judging": judging(run), "grid.seeds": list(cfg.seeds),
+            "grid.batches": list(cfg.batches), "grid.modes": list(cfg.modes), "grid.graph_attempts": cfg.graph_attempts,
             "grid.prompt_len": run.prompt_len, "grid.new_tokens": run.new_tokens, "grid.cache_len": cfg.cache_len,
             "grid.device": run.device, "grid.dtype": run.dtype}
     for field, value in ours.items():
         theirs = report.get("grid", {}).get(field[5:]) if field.startswith("grid.") else report.get(field)
+        if theirs is None and value is not None:
+            raise ValueError(f"--resume: the report does not record {field} (written by an older ulptrace?), so "
+                             f"its checks cannot be shown to belong to this grid ({field} {value!r} here)")
         if theirs != value:
             raise ValueError(f"--resume: the report is of another grid: {field} is {theirs!r} there, {value!r} here")
     if set(report.get("candidates", [])) - set(cfg.candidates):
@@ -366,7 +376,8 @@ def merge_reports(reports: Sequence[dict[str, Any]], names: Sequence[str] | None
     for name, r in zip(names[1:], reports[1:]):
         for field, a, b in [("model", first["model"], r["model"]), ("reference", first["reference"], r["reference"]),
                             ("near_tie_rule", first["near_tie_rule"], r["near_tie_rule"]),
-                            ("located", first["located"], r["located"])] + \
+                            ("located", first["located"], r["located"]),
+                            ("judging", first.get("judging"), r.get("judging"))] + \
                 [(f"grid.{k}", first["grid"].get(k), r["grid"].get(k)) for k in _SHARED_GRID]:
             if a != b:
                 raise ValueError(f"{name} is not part of the grid of {first_name}: {field} is {b!r} there, {a!r} in "

@@ -230,6 +230,9 @@ def test_merged_parts_equal_the_whole_grid_and_bad_parts_are_refused(monkeypatch
 
     with pytest.raises(ValueError, match=r"a\.json overlaps b\.json: both have seed 1 of path 'hf'"):
         merge_reports([part1, part1], names=["b.json", "a.json"])
+    judged = {**part1, "judging": {**part1["judging"], "oracle": False}}  # located without the oracle
+    with pytest.raises(ValueError, match=r"judging is \{'oracle': False.* in"):
+        merge_reports([part0, judged])
     other = {**part1, "grid": {**part1["grid"], "new_tokens": 8}}
     with pytest.raises(ValueError, match=r"grid\.new_tokens is 8 there, 4 in"):
         merge_reports([part0, other])
@@ -293,3 +296,11 @@ def test_a_stopped_matrix_resumed_equals_the_whole_run_and_another_grid_is_refus
     assert len(err) == 1 and "grid.new_tokens is 4 there, 8 here" in err[0], err
     assert main(["matrix", "--candidate", "hf", "--resume", str(tmp_path / "nope.json")]) == 2
     assert "no such matrix report" in capsys.readouterr().err
+    # rows located another way (without the oracle here) are not mixed into this run's
+    with pytest.raises(ValueError, match=r"judging is \{'oracle': True.*there, \{'oracle': False"):
+        run_matrix(MatrixConfig(
+            RunConfig(model="tiny-qwen3.5", prompt_len=16, new_tokens=4, oracle=False), candidates=["hf", glu],
+            seeds=[0, 1], batches=[1, 2], modes=["static"], resume=partial))
+    older = {k: v for k, v in partial.items() if k != "judging"}
+    with pytest.raises(ValueError, match=r"does not record judging \(written by an older ulptrace\?\)"):
+        run_matrix(cfg(resume=older))
