@@ -505,8 +505,11 @@ def _read_matrix_report(name: str) -> Any:
 
     try:
         return json.loads(Path(name).read_text())
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise ValueError(f"{name}: no such matrix report (expected the --json file of `ulptrace matrix`)") from None
+    except IsADirectoryError:
+        raise ValueError(f"{name}: a directory, not a matrix report (expected the --json file of `ulptrace "
+                         "matrix`)") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); expected the --json file of "
                          "`ulptrace matrix`") from None
