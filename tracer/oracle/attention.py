@@ -23,6 +23,9 @@ FP32). Stages that hypotheses can add (``stages``):
   eager path does with its BF16 ``matmul``, ``* scaling`` and ``+ mask``);
 - ``"probs"`` -- the normalised probabilities rounded to the input dtype before ``P @ V`` (eager);
 - ``"flash"`` -- the unnormalised probabilities rounded (the widening described above).
+
+Query rows are independent (each has its own scores, softmax and ``P @ V``), so the replay runs in blocks of
+rows (:data:`BLOCK_SCORES`) and memory does not grow with the square of the prompt.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ SEMANTICS = ("flash", "fp32")
 
 STAGES = ("scores", "probs", "flash")
 """Internal rounding stages a hypothesis can add to a fused attention op."""
+
+BLOCK_SCORES = 1 << 22
+"""Score elements (batch x heads x query rows x keys) replayed at once: the oracle judges attention in blocks of
+query rows, so its float64 intermediates stay bounded (about 4M elements, a few hundred MB with their
+temporaries) whatever the prompt length."""
 
 
 def _narrow_of(dtype: torch.dtype) -> torch.dtype | None:
@@ -111,24 +119,41 @@ def replay_attention(
             x = I.round_iv(x, narrow)
         return x
 
-    scores = stage(I.matmul(q, k.map(lambda t: t.transpose(-2, -1)), head_dim))
-    scores = stage(I.mul(scores, I.scalar_iv(scale, scores.lo)))
-    if mask is not None:
-        if mask.lo.dtype == torch.bool:
-            keep = mask.lo
+    keys, queries = k.lo.shape[-2], q.lo.shape[-2]
+    k_t = k.map(lambda t: t.transpose(-2, -1))
+
+    def rows(first: int, last: int) -> Iv:
+        """The output interval of query rows ``first:last`` (each row's scores, softmax and P @ V are its own)."""
+        qb = q.map(lambda t: t[..., first:last, :])
+        scores = stage(I.matmul(qb, k_t, head_dim))
+        scores = stage(I.mul(scores, I.scalar_iv(scale, scores.lo)))
+        if mask is not None:
+            mb = mask.map(lambda t: t[..., first:last, :]) if mask.lo.dim() >= 2 and mask.lo.shape[-2] == queries \
+                else mask
+            if mb.lo.dtype == torch.bool:
+                keep = mb.lo
+                scores = scores.map(lambda t: t.masked_fill(~keep, -math.inf))
+            else:
+                scores = stage(I.add(scores, mb))
+        if b.get("is_causal"):  # top-left aligned: query row i sees keys 0..i
+            keep = torch.ones(last - first, keys, dtype=torch.bool, device=scores.lo.device).tril(first)
             scores = scores.map(lambda t: t.masked_fill(~keep, -math.inf))
-        else:
-            scores = stage(I.add(scores, mask))
-    if b.get("is_causal"):
-        rows, cols = scores.lo.shape[-2], scores.lo.shape[-1]
-        keep = torch.ones(rows, cols, dtype=torch.bool, device=scores.lo.device).tril()
-        scores = scores.map(lambda t: t.masked_fill(~keep, -math.inf))
-    probs = I.round_iv(I.softmax(scores, -1, compute), torch.float32 if compute != I.F64 else I.F64)
-    if narrow is not None and "probs" in stages:
-        probs = I.round_iv(probs, narrow)
-    if narrow is not None and (semantics == "flash" or "flash" in stages):
-        probs = I.widen_rel(probs, I.unit_roundoff(narrow))
-    keys = k.lo.shape[-2]
-    # the FP32 accumulation of P @ V, plus one rescaling per key block of an online softmax
-    out = I.nonneg_matmul(probs, v, 2 * keys)
-    return (out,) + (None,) * (outputs - 1)
+        probs = I.round_iv(I.softmax(scores, -1, compute), torch.float32 if compute != I.F64 else I.F64)
+        if narrow is not None and "probs" in stages:
+            probs = I.round_iv(probs, narrow)
+        if narrow is not None and (semantics == "flash" or "flash" in stages):
+            probs = I.widen_rel(probs, I.unit_roundoff(narrow))
+        # the FP32 accumulation of P @ V, plus one rescaling per key block of an online softmax
+        return I.nonneg_matmul(probs, v, 2 * keys)
+
+    # blocks of query rows, so the float64 score intervals held at once stay bounded (BLOCK_SCORES elements)
+    per_row = max(1, q.lo.numel() // max(queries * head_dim, 1) * keys)
+    block = max(1, BLOCK_SCORES // per_row)
+    parts = [rows(first, min(first + block, queries)) for first in range(0, queries, block)]
+    if len(parts) == 1:
+        return (parts[0],) + (None,) * (outputs - 1)
+    lo = torch.cat([x.lo for x in parts], -2)
+    hi = lo if all(x.is_point for x in parts) else torch.cat([x.hi for x in parts], -2)
+    pt = None if any(x.pt is None for x in parts) else \
+        (lo if all(x.pt is x.lo for x in parts) else torch.cat([x.pt for x in parts], -2))
+    return (Iv(lo, hi, pt),) + (None,) * (outputs - 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
@@ -149,3 +150,29 @@ def test_rne_is_one_rounding_from_float64():
         assert bool(same.all()), dtype
     assert I.rne(mid[:1], torch.bfloat16).item() == 1 + 2.0**-7
     assert I.rne(mid[1:2], torch.bfloat16).item() == 1.0
+
+
+@pytest.mark.parametrize("case", ["causal", "float-mask", "bool-mask", "gqa-decode"])
+def test_attention_replayed_in_blocks_of_query_rows_equals_the_whole(monkeypatch, case) -> None:
+    """Bounded memory: the attention replay in blocks of query rows (a few rows at a time here) gives the same
+    intervals, bit for bit, as replaying every row at once — causal masks offset per block, masks sliced."""
+    from ulptrace.oracle import attention
+    from ulptrace.oracle import intervals as I
+
+    gen = torch.Generator().manual_seed(5)
+    hq, hk, tq, tk = (4, 2, 1, 9) if case == "gqa-decode" else (2, 2, 11, 11)
+    q, k, v = (torch.randn(2, h, t, 8, generator=gen).bfloat16() for h, t in ((hq, tq), (hk, tk), (hk, tk)))
+    args = {"query": I.point(q), "key": I.point(k), "value": I.point(v), "is_causal": case == "causal"}
+    if case == "float-mask":
+        args["attn_mask"] = I.point(torch.randn(2, 1, tq, tk, generator=gen).float())
+    if case in ("bool-mask", "gqa-decode"):
+        args["attn_mask"] = I.point(torch.rand(1, 1, tq, tk, generator=gen) > 0.3)
+        args["attn_mask"].lo[..., 0] = True  # every row sees a key
+    kw = {"input_dtype": torch.bfloat16, "compute": torch.float32, "semantics": "flash",
+          "stages": frozenset({"scores"}), "outputs": 1, "where": "test"}
+    whole = attention.replay_attention(args, **kw)[0]
+    monkeypatch.setattr(attention, "BLOCK_SCORES", 2 * hq * tk + 1)  # two query rows per block (one for decode)
+    blocked = attention.replay_attention(args, **kw)[0]
+    for part in ("lo", "hi"):
+        assert torch.equal(getattr(whole, part), getattr(blocked, part)), part
+    assert (whole.pt is None) == (blocked.pt is None) and (whole.pt is None or torch.equal(whole.pt, blocked.pt))
