@@ -54,6 +54,9 @@ def _cases(dtype):
         a2[5, :] = float("inf")  # no finite value in the row
     yield "special", a2, b2
     yield "equal with NaN", a2, a2.clone()
+    mixed = a2.clone()
+    mixed[1], mixed[4] = b2[1], b2[4]  # rows 0 (NaNs), 2, 3 and 5 (all inf) bitwise equal, rows 1 and 4 differ
+    yield "some rows equal", a2, mixed
     yield "0-d", a[0, 0].clone(), b[0, 1].clone()
     yield "one column", a[:, :1].clone(), b[:, :1].clone()
     yield "short rows", a2[:, :100].clone(), b2[:, :100].clone()  # special values included
