@@ -24,12 +24,15 @@ from ulptrace.probes.divergence import (
     NEAR_TIE_RULE,
     ROW_HEAD,
     Side,
+    check_resumable,
     check_values,
     first_divergent_steps,
     generate,
+    judging,
     locate,
     near_tie,
     row_cells,
+    selection,
 )
 from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, splice_row, torch_dtype
 
@@ -45,6 +48,7 @@ class BatchInvarianceConfig:
     batches: Sequence[int] = (1, 2, 4, 8)
     locate: bool = True
     locate_seconds: float | None = None  # no row located once locating has taken this long (None: no limit)
+    resume: dict[str, Any] | None = None  # an earlier (e.g. stopped) report of this run: its batch sizes are kept
 
     @property
     def prompts(self) -> int:
@@ -81,14 +85,20 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
     run = cfg.run
     started = time.perf_counter()
     count = cfg.prompts
+    done = resumed_batches(cfg, cfg.resume) if cfg.resume is not None else {}
+    rows: list[dict[str, Any]] = []
+    summary: list[dict[str, Any]] = []
+    if all(b == 1 or b in done for b in cfg.batches):  # nothing left to generate
+        for batch in cfg.batches:
+            entry, found = done.get(batch, ({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"}, []))
+            summary.append(entry)
+            rows += found
+        return _report(cfg, count, summary, rows, started, complete=True, resumed=len(done))
     cache_len = None if run.reference_mode == "eager" else run.cache_len or run.prompt_len + run.new_tokens
     model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed)
     prompts = make_prompts(model.config.vocab_size, count, run.prompt_len, run.seed, run.device)
     sites = selected_sites(model, run)
-    meta = {"selection": {"sites": list(run.sites) if run.sites else None,
-                          "kinds": list(run.kinds) if run.kinds else None, "layers": run.layers, "steps": None}}
-    rows: list[dict[str, Any]] = []
-    summary = []
+    meta = {"selection": selection(run)}
     locate_spent = 0.0
     with apply_path(model, run.reference):
         judge = None
@@ -104,6 +114,11 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
         for batch in cfg.batches:
             if batch == 1:
                 summary.append({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"})
+                continue
+            if batch in done:
+                summary.append(done[batch][0])
+                rows += done[batch][1]
+                say(f"  batch {batch}: taken from the resumed report")
                 continue
             exact = 0
             for first in range(0, count, batch):
@@ -121,13 +136,37 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
             summary.append({"batch": batch, "exact": exact, "rows": count})
             say(f"  batch {batch}: {exact} of {count} rows token-exact")
             if on_batch is not None:
-                on_batch(_report(cfg, count, summary, rows, started, complete=False))
-    return _report(cfg, count, summary, rows, started, complete=True)
+                on_batch(_report(cfg, count, summary, rows, started, complete=False, resumed=len(done)))
+    return _report(cfg, count, summary, rows, started, complete=True, resumed=len(done))
+
+
+def resumed_batches(cfg: BatchInvarianceConfig, report: dict[str, Any]
+                    ) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The batch sizes an earlier report of this run completed (``--resume``), each with its summary entry and
+    rows (marked ``"resumed": true``); batch sizes this run does not ask for are left out.
+
+    Raises:
+        ValueError: not a batch-invariance report, or one of another run (naming the field and both values).
+    """
+    run = cfg.run
+    check_resumable(report, SCHEMA, {
+        "model": run.model, "path": run.reference, "mode": run.reference_mode, "seed": run.seed,
+        "prompts": [cfg.prompts, run.prompt_len], "new_tokens": run.new_tokens, "device": run.device,
+        "dtype": run.dtype, "located": cfg.locate, "judging": judging(run)})
+    out = {}
+    for entry in report.get("summary", []):
+        batch = entry["batch"]
+        found = [{**r, "resumed": True} for r in report.get("rows", []) if r["batch"] == batch]
+        if batch != 1 and batch in cfg.batches and len(found) == entry["rows"]:
+            out[batch] = ({**entry, "resumed": True}, found)
+    return out
 
 
 def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]], rows: list[dict[str, Any]],
-            started: float, *, complete: bool) -> dict[str, Any]:
+            started: float, *, complete: bool, resumed: int = 0) -> dict[str, Any]:
     run = cfg.run
+    extra = {"resumed": {"batches": resumed, "note": "batch sizes taken from an earlier report of this run "
+                         "(--resume), not re-run; timing counts this run only"}} if cfg.resume is not None else {}
     return {
         "schema": SCHEMA,
         "version": 1,
@@ -143,10 +182,12 @@ def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]
         "dtype": run.dtype,
         "near_tie_rule": NEAR_TIE_RULE,
         "located": cfg.locate,
+        "judging": judging(run),
         "locate_seconds": cfg.locate_seconds,
         "summary": summary,
         "rows": rows,
         "timing": {"seconds": time.perf_counter() - started},
+        **extra,
     }
 
 

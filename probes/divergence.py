@@ -307,6 +307,33 @@ def locate_from_start(references: dict[int, tuple[Side, int]], candidate: Side, 
     return out
 
 
+def selection(run: Any) -> dict[str, Any]:
+    """The site selection a run records and locates with (``RunConfig`` sites, kinds, layers; steps: all)."""
+    return {"sites": list(run.sites) if run.sites else None, "kinds": list(run.kinds) if run.kinds else None,
+            "layers": run.layers, "steps": None}
+
+
+def judging(run: Any) -> dict[str, Any]:
+    """How rows are located and judged (``judging`` in a report): oracle on or off, the ULP budget of sites
+    without verdicts, and the site selection. Rows resumed or merged from other reports must agree on it."""
+    return {"oracle": run.oracle, "max_ulp": run.max_ulp, **selection(run)}
+
+
+def check_resumable(report: Any, schema: str, ours: dict[str, Any]) -> None:
+    """``--resume``: ``report`` must be a report of ``schema`` whose fields (``"grid.x"`` for nested ones) equal
+    ``ours``; raises ``ValueError`` naming the first field that differs or is not recorded, and both values."""
+    if not isinstance(report, dict) or report.get("schema") != schema:
+        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
+        raise ValueError(f"--resume: expected a report of schema {schema!r}, but found {found!r}")
+    for field, value in ours.items():
+        theirs = report.get("grid", {}).get(field[5:]) if field.startswith("grid.") else report.get(field)
+        if theirs is None and value is not None:
+            raise ValueError(f"--resume: the report does not record {field} (written by an older ulptrace?), so "
+                             f"its rows cannot be shown to belong to this run ({field} {value!r} here)")
+        if theirs != value:
+            raise ValueError(f"--resume: the report is of another run: {field} is {theirs!r} there, {value!r} here")
+
+
 def check_values(flag: str, values: Sequence[Any], *, minimum: int | None = None, kind: str = "value") -> None:
     """A grid option's values: at least one, each once, none below ``minimum``."""
     values = list(values)

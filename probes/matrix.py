@@ -31,12 +31,15 @@ from ulptrace.probes.divergence import (
     NEAR_TIE_RULE,
     ROW_HEAD,
     Side,
+    check_resumable,
     check_values,
     first_divergent_steps,
     generate,
+    judging,
     locate,
     near_tie,
     row_cells,
+    selection,
 )
 from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, torch_dtype
 
@@ -101,11 +104,6 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _selection(cfg: RunConfig) -> dict[str, Any]:
-    return {"selection": {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
-                          "layers": cfg.layers, "steps": None}}
-
-
 def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                on_check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the grid; returns the report (the JSON contract: ``summary``, ``rows``, see the README).
@@ -123,7 +121,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     cache_len = cfg.cache_len
-    meta = _selection(run)
+    meta = {"selection": selection(run)}
     budget = {(p, m): cfg.locate_limit if cfg.locate else 0 for p in cfg.candidates for m in cfg.modes}
     done = resumed_checks(cfg, cfg.resume) if cfg.resume is not None else {}
     wanted = [(p, m, a) for p in cfg.candidates for m in cfg.modes for a in range(1, cfg.attempts(m) + 1)]
@@ -242,12 +240,6 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
     return report(True)
 
 
-def judging(run: RunConfig) -> dict[str, Any]:
-    """How rows are located and judged (``judging`` in the report): oracle on or off, the ULP budget of sites
-    without verdicts, and the site selection. Checks resumed or merged must agree on it."""
-    return {"oracle": run.oracle, "max_ulp": run.max_ulp, **_selection(run)["selection"]}
-
-
 def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tuple[dict[str, Any], list[dict[str, Any]]]]:
     """The checks of an earlier report of ``cfg``'s grid (``--resume``), keyed ``(path, mode, seed, batch,
     attempt)``, each with its rows. A check without all of its batch's rows (cut off mid-write) is left to run.
@@ -255,22 +247,13 @@ def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tup
     Raises:
         ValueError: not a matrix report, or one of another grid (naming the field and both values).
     """
-    if not isinstance(report, dict) or report.get("schema") != SCHEMA:
-        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
-        raise ValueError(f"--resume: expected a matrix report (schema {SCHEMA!r}), but found {found!r}")
     run = cfg.run
     ours = {"model": run.model, "reference": {"path": run.reference, "mode": run.reference_mode},
             "located": cfg.locate, "judging": judging(run), "grid.seeds": list(cfg.seeds),
             "grid.batches": list(cfg.batches), "grid.modes": list(cfg.modes), "grid.graph_attempts": cfg.graph_attempts,
             "grid.prompt_len": run.prompt_len, "grid.new_tokens": run.new_tokens, "grid.cache_len": cfg.cache_len,
             "grid.device": run.device, "grid.dtype": run.dtype}
-    for field, value in ours.items():
-        theirs = report.get("grid", {}).get(field[5:]) if field.startswith("grid.") else report.get(field)
-        if theirs is None and value is not None:
-            raise ValueError(f"--resume: the report does not record {field} (written by an older ulptrace?), so "
-                             f"its checks cannot be shown to belong to this grid ({field} {value!r} here)")
-        if theirs != value:
-            raise ValueError(f"--resume: the report is of another grid: {field} is {theirs!r} there, {value!r} here")
+    check_resumable(report, SCHEMA, ours)
     if set(report.get("candidates", [])) - set(cfg.candidates):
         raise ValueError(f"--resume: the report has candidate paths {report['candidates']}, this run "
                          f"{list(cfg.candidates)}: expected a subset")

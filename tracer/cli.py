@@ -494,25 +494,26 @@ def cmd_matrix(args: argparse.Namespace) -> int:
                                oracle=not args.no_oracle, max_ulp=args.max_ulp),
                        candidates=args.candidate, seeds=args.seeds, batches=args.batches, modes=modes,
                        graph_attempts=args.graph_attempts, locate=not args.no_locate, locate_limit=args.locate_limit,
-                       locate_seconds=args.locate_seconds, resume=_read_matrix_report(args.resume) if args.resume else None)
+                       locate_seconds=args.locate_seconds, resume=_read_report(args.resume) if args.resume else None)
     report = run_matrix(cfg, progress=report_progress, on_check=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
 
 
-def _read_matrix_report(name: str) -> Any:
+def _read_report(name: str, command: str = "matrix") -> Any:
+    """The ``--json`` report of ``ulptrace COMMAND`` in file ``name`` (``--resume``, ``matrix-merge``)."""
     import json
 
+    expected = f"expected the --json file of `ulptrace {command}`"
+    what = "matrix" if command == "matrix" else command
     try:
         return json.loads(Path(name).read_text())
     except FileNotFoundError:
-        raise ValueError(f"{name}: no such matrix report (expected the --json file of `ulptrace matrix`)") from None
+        raise ValueError(f"{name}: no such {what} report ({expected})") from None
     except IsADirectoryError:
-        raise ValueError(f"{name}: a directory, not a matrix report (expected the --json file of `ulptrace "
-                         "matrix`)") from None
+        raise ValueError(f"{name}: a directory, not a {what} report ({expected})") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); expected the --json file of "
-                         "`ulptrace matrix`") from None
+        raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); {expected}") from None
 
 
 def cmd_matrix_merge(args: argparse.Namespace) -> int:
@@ -520,7 +521,7 @@ def cmd_matrix_merge(args: argparse.Namespace) -> int:
     from ulptrace.probes.matrix import merge_reports, to_markdown, to_table
 
     _check_plot(args)
-    reports = [_read_matrix_report(name) for name in args.reports]
+    reports = [_read_report(name) for name in args.reports]
     report = merge_reports(reports, names=args.reports)
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
@@ -552,7 +553,8 @@ def cmd_batch_invariance(args: argparse.Namespace) -> int:
     _refuse_unused(args, "batch-invariance", _GENERATION_UNUSED)
     cfg = BatchInvarianceConfig(_config(args, reference=args.path, reference_mode=args.mode,
                                         oracle=not args.no_oracle, max_ulp=args.max_ulp),
-                                batches=args.batches, locate=not args.no_locate, locate_seconds=args.locate_seconds)
+                                batches=args.batches, locate=not args.no_locate, locate_seconds=args.locate_seconds,
+                                resume=_read_report(args.resume, "batch-invariance") if args.resume else None)
     report = run_batch_invariance(cfg, progress=report_progress, on_batch=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
     return 0
@@ -627,6 +629,8 @@ def add_generation_commands(sub: Any) -> None:
                    help="batch sizes (default 1 2 4 8); --prompts (default: the largest) must be a multiple of each")
     p.add_argument("--no-locate", action="store_true", help=locate_help)
     p.add_argument("--locate-seconds", type=float, default=None, metavar="S", help=seconds_help)
+    p.add_argument("--resume", metavar="REPORT.json", help="the --json report of an earlier run of this command "
+                   "(e.g. one stopped by a time limit): the batch sizes it completed are taken as they are")
     add_report_options(p)
     _add_plot_option(p, "the first divergent step of every row (near-tie flips marked)")
     p.set_defaults(fn=cmd_batch_invariance)

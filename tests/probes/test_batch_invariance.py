@@ -53,3 +53,43 @@ def test_bad_values_exit_2_with_one_line(argv, expected, capsys) -> None:
     assert main(["batch-invariance", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_a_stopped_run_resumed_takes_its_batches_and_runs_the_rest(monkeypatch, tmp_path, capsys) -> None:
+    """``--resume``: the batch sizes a stopped run completed (located rows included) are taken as they are, the
+    others run; the result equals the whole run. Another run's report is refused in one line."""
+    from ulptrace.probes import batch_invariance as probe
+
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    monkeypatch.setattr(generation_candidates, "GLU_SCALE", -16.0)
+
+    def cfg(batches, **kw):
+        return BatchInvarianceConfig(RunConfig(model="tiny-llama", reference="generation_candidates:glu_error_in_batches",
+                                               prompts=4, prompt_len=16, new_tokens=3), batches=batches, **kw)
+
+    whole = run_batch_invariance(cfg([1, 2, 4]))
+    assert any(r.get("located") for r in whole["rows"])
+    stopped = run_batch_invariance(cfg([1, 2]))  # as if stopped after batch 2
+    batched = []
+    real = probe.generate
+    monkeypatch.setattr(probe, "generate", lambda model, prompts, *a, **k: batched.append(prompts.shape[0])
+                        or real(model, prompts, *a, **k))
+    resumed = run_batch_invariance(cfg([1, 2, 4], resume=stopped))
+    assert batched == [1, 1, 1, 1, 4]  # the prompts alone, then only batch 4 (batch 2's generations are taken)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "resumed"} for r in rows]
+    assert strip(resumed["rows"]) == whole["rows"] and strip(resumed["summary"]) == whole["summary"]
+    assert resumed["resumed"]["batches"] == 1 and resumed["complete"] is True
+    batched.clear()
+    again = run_batch_invariance(cfg([1, 2, 4], resume=resumed))  # everything done: nothing generated
+    assert batched == [] and strip(again["rows"]) == whole["rows"]
+
+    path = tmp_path / "stopped.json"
+    path.write_text(json.dumps(stopped))
+    capsys.readouterr()
+    assert main(["batch-invariance", "--model", "tiny-llama", "--path", "generation_candidates:glu_error_in_batches",
+                 "--batches", "1", "2", "--prompts", "4", "--new-tokens", "5", "--prompt-len", "16",
+                 "--resume", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "new_tokens is 3 there, 5 here" in err[0], err
