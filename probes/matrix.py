@@ -159,6 +159,9 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
         check, found = done[key]
         summary[check["path"]][check["mode"]]["checks"] += 1
         summary[check["path"]][check["mode"]]["exact"] += int(check["token_exact"])
+        if budget[check["path"], check["mode"]] is not None:  # rows it located count against --locate-limit
+            budget[check["path"], check["mode"]] -= sum(bool(r.get("located")) and "location_from_attempt" not in r
+                                                        for r in found)
         rows.extend(found)
         checks.append(check)
 

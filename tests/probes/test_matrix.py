@@ -286,6 +286,12 @@ def test_a_stopped_matrix_resumed_equals_the_whole_run_and_another_grid_is_refus
     strip = lambda items: [{k: v for k, v in x.items() if k not in ("seconds", "resumed")} for x in items]
     assert strip(resumed["checks"]) == strip(whole["checks"]) and resumed["rows"] == whole["rows"]
     assert [c.get("resumed", False) for c in resumed["checks"]] == [True] * 4 + [False] * 4
+    # rows located in the taken checks count against --locate-limit: with a limit of exactly those, none is added
+    taken = sum(bool(r.get("located")) for r in partial["rows"])  # the 4 taken checks (seed 0)
+    assert taken > 0
+    limited = run_matrix(cfg(resume=partial, locate_limit=taken))
+    assert sum(bool(r.get("located")) for r in limited["rows"]) == taken
+    assert any(not r["token_exact"] and not r["located"] for r in limited["rows"][6:])  # seed 1's rows: not located
 
     path = tmp_path / "partial.json"
     path.write_text(json.dumps(partial))
