@@ -7,8 +7,9 @@
 # measured alone: bench/bench_matrix.py, RESULTS.md).
 #   on the device:  OUT=$OUT bash bench/gpu_generation_parts.sh        (PART_TIMEOUT=470 s per process)
 #   FLA=1 (carry .whl) also traces flash-linear-attention against HF beside them (issue 10).
-#   RESUME_DIR=DIR: the $OUT of an earlier call (in the working tree): its complete parts are kept, its stopped
-#   ones resumed (`ulptrace matrix --resume`); BI_BATCHES: the batch-invariance batches (default 1 2 4 8).
+#   RESUME_DIR=DIR: the $OUT of an earlier call (in the working tree): its parts are resumed (`ulptrace matrix
+#   --resume`: checks done are kept, the rest run, another grid refused); BI_BATCHES: the batch-invariance batches
+#   (default 1 2 4 8). A part that writes no report is named (MISSING PART) and the script exits 1.
 set -uo pipefail
 : "${OUT:?set OUT}"
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -22,15 +23,15 @@ if [ -z "${SKIP_INSTALL:-}" ]; then
 fi
 common=(SKIP_INSTALL=1 MATRIX_TIMEOUT="$PART_TIMEOUT" LOCATE_SECONDS=100000 BENCH_TIMEOUT=1)
 pids=()
+names=()
 part() {  # part NAME ENV...: gpu_generation.sh with ENV, its output under $OUT/NAME
   local name=$1 extra=""; shift
+  [ "${PHASE:-matrix}" = matrix ] && names+=("$name")
   mkdir -p "$OUT/$name"
+  rm -f "$OUT/$name/matrix.json"  # a stale report must not stand in for this run's
   local earlier="${RESUME_DIR:-/nonexistent}/$name/matrix.json"
-  if [ "${PHASE:-matrix}" = matrix ] && [ -f "$earlier" ]; then  # a part of an earlier call: kept if complete, else resumed
-    if python3 -c "import json, sys; sys.exit(0 if json.load(open('$earlier'))['complete'] else 1)"; then
-      cp "$earlier" "$OUT/$name/matrix.json"; echo "$name: complete in $earlier, kept"; return
-    fi
-    extra="--resume $earlier"
+  if [ "${PHASE:-matrix}" = matrix ] && [ -f "$earlier" ]; then  # a part of an earlier call: resumed (its checks
+    extra="--resume $earlier"                                       # kept, the grid checked; nothing runs if complete)
   fi
   env OUT="$OUT/$name" MATRIX_EXTRA="$extra" "$@" bash bench/gpu_generation.sh "${PHASE:-matrix}" > "$OUT/$name/run.log" 2>&1 &
   pids+=($!)
@@ -53,9 +54,14 @@ fi
 PHASE=batch part batch SKIP_INSTALL=1 BATCHES="${BI_BATCHES:-1 2 4 8}" BI_TIMEOUT="$PART_TIMEOUT" BI_LOCATE_SECONDS=100000
 for pid in "${pids[@]}"; do wait "$pid"; done
 grep -h "rc=" "$OUT"/*/phases.txt
+missing=0
+for name in "${names[@]}"; do  # a part that wrote no report would silently shrink the merged grid
+  [ -s "$OUT/$name/matrix.json" ] || { echo "MISSING PART: $name wrote no matrix.json (see $OUT/$name/run.log)"; missing=1; }
+done
 parts=$(ls "$OUT"/*/matrix.json)
 python3 -m ulptrace matrix-merge $parts --json "$OUT/matrix.json" --markdown "$OUT/matrix.md" \
     --plot "$OUT/matrix.png" > "$OUT/merge.log" 2>&1
 tail -n 40 "$OUT/merge.log"
 tail -n 25 "$OUT/batch/batch_invariance.log"
 [ -n "${FLA:-}" ] && tail -n 14 "$OUT/fla/fla_gdn.txt"
+exit "$missing"
