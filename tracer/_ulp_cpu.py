@@ -7,6 +7,10 @@ buffer as the CUDA kernel (``ulptrace._ulp_triton.RECORD_LAYOUT``), equal to the
 (tested). It needs a C compiler (``cc``, or ``$CC``); the shared library is cached under
 ``~/.cache/ulptrace`` (or ``$ULPTRACE_CACHE``) by a hash of the source. Where it cannot be built, :func:`library`
 is None, :func:`unavailable_reason` says why, and the torch path serves (same results, slower).
+
+A large pair (:data:`PARALLEL_ELEMENTS` or more) is split into contiguous parts — whole rows, or any elements
+when the row statistics are not asked for — computed on ``torch.get_num_threads()`` threads (ctypes releases
+the GIL during the call) and merged exactly: counts add, maxima are maxima.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).with_name("_ulp_cpu.c")
+PARALLEL_ELEMENTS = 1 << 20
+"""Pairs of at least this many elements are split over threads (smaller ones cost less than a thread hand-off)."""
 _state: dict[str, Any] = {}
 _FUNCTIONS = {1: "ulptrace_stats_8", 2: "ulptrace_stats_16", 4: "ulptrace_stats_32"}
 
@@ -84,8 +90,54 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     a, b = bits_a.contiguous(), bits_b.contiguous()
     n_cols = a.shape[-1] if a.dim() else 1
     n_rows = a.numel() // max(n_cols, 1)
-    out = torch.zeros(32, dtype=torch.int64)
-    getattr(lib, _FUNCTIONS[a.element_size()])(a.data_ptr(), b.data_ptr(), n_rows, n_cols, fmt.magnitude_mask,
-                                               fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias,
-                                               int(rows), out.data_ptr())
-    return out.tolist()
+    if not rows:  # no row statistics: the element statistics do not depend on where rows begin
+        n_rows, n_cols = (1, a.numel()) if a.numel() else (n_rows, n_cols)
+    function = getattr(lib, _FUNCTIONS[a.element_size()])
+    size = a.element_size()
+
+    def part(first: int, count: int, out: torch.Tensor) -> None:  # ``count`` rows from row ``first``
+        function(a.data_ptr() + first * n_cols * size, b.data_ptr() + first * n_cols * size, count, n_cols,
+                 fmt.magnitude_mask, fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias, int(rows),
+                 out.data_ptr())
+
+    threads = min(torch.get_num_threads(), 8)
+    if a.numel() < PARALLEL_ELEMENTS or threads < 2 or (rows and n_rows < threads):
+        out = torch.zeros(32, dtype=torch.int64)
+        part(0, n_rows, out)
+        return out.tolist()
+    if n_rows < threads:  # one long row without row statistics: split it into rows of equal length
+        n_rows, n_cols = _split(n_rows * n_cols, threads)
+    bounds = [n_rows * k // threads for k in range(threads + 1)]
+    outs = torch.zeros(threads, 32, dtype=torch.int64)
+    pool = _pool(threads - 1)
+    futures = [pool.submit(part, bounds[k], bounds[k + 1] - bounds[k], outs[k]) for k in range(1, threads)]
+    part(0, bounds[1], outs[0])
+    for future in futures:
+        future.result()
+    if n_rows * n_cols < a.numel():  # the tail a split into equal rows left over
+        tail = torch.zeros(1, 32, dtype=torch.int64)
+        function(a.data_ptr() + n_rows * n_cols * size, b.data_ptr() + n_rows * n_cols * size, 1,
+                 a.numel() - n_rows * n_cols, fmt.magnitude_mask, fmt.max_finite_bits, fmt.nan_above,
+                 fmt.mantissa_bits, fmt.bias, int(rows), tail.data_ptr())
+        outs = torch.cat([outs, tail])
+    merged = outs.sum(0)
+    merged[20] = outs[:, 20].max()  # the largest finite distance
+    merged[30] = outs[:, 30].max()  # the largest row distance: non-negative doubles order like their bit patterns
+    return merged.tolist()
+
+
+def _split(n: int, parts: int) -> tuple[int, int]:
+    """``(rows, length)``: ``n`` elements as ``rows`` equal rows (a multiple of ``parts``) plus a short tail."""
+    length = max(1, n // (parts * 4))
+    return (n // length) // parts * parts, length
+
+
+def _pool(workers: int) -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = _state.get("pool")
+    # a new pool for more workers, and in a forked child (the parent's worker threads do not exist there)
+    if pool is None or _state.get("workers", 0) < workers or _state.get("pid") != os.getpid():
+        pool = _state["pool"] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ulptrace-stats")
+        _state["workers"], _state["pid"] = workers, os.getpid()
+    return pool

@@ -155,3 +155,30 @@ def test_without_a_c_compiler_the_torch_path_serves_and_says_why(tmp_path, monke
     assert tuple(record_stats(a, a * 2)) == _expected(a, a * 2)  # the torch path, same figures
     with pytest.raises(RuntimeError, match="compiled ULP statistics are unavailable: .*no-such-cc"):
         _ulp_cpu.stats(U.bits(a), U.bits(a), FORMATS[torch.bfloat16], rows=True)
+
+
+def test_large_pairs_split_over_threads_give_the_same_statistics(monkeypatch) -> None:
+    """Pairs of ``PARALLEL_ELEMENTS`` or more run on several threads (whole rows, or any elements without the row
+    statistics, a short tail included); the merged statistics equal the reference definitions and one thread's."""
+    from ulptrace import _ulp_cpu
+
+    assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
+    monkeypatch.setattr(_ulp_cpu, "PARALLEL_ELEMENTS", 1 << 14)  # small pairs take the threaded path too
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((97, 333), (3, 9001), (50_001,)):
+        a = torch.randn(shape, generator=gen).mul(3).bfloat16()
+        b = (a.float() * (1 + 2.0 ** -6 * torch.randn(shape, generator=gen))).bfloat16()
+        flat_a, flat_b = a.view(-1), b.view(-1)
+        flat_a[::101], flat_b[7::89] = float("nan"), float("inf")
+        flat_b[: flat_b.numel() // 3] = flat_a[: flat_a.numel() // 3]  # equal rows / stretches too
+        threads = torch.get_num_threads()
+        try:
+            results = []
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                results.append((tuple(record_stats(a, b)), tuple(resolve_stats([pending_stats(a, b, rows=False)])[0])))
+        finally:
+            torch.set_num_threads(threads)
+        assert results[0] == results[1], shape
+        assert results[1][0] == _expected(a, b), shape
+        assert results[1][1][:4] == _expected(a, b)[:4], shape
