@@ -90,46 +90,35 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     a, b = bits_a.contiguous(), bits_b.contiguous()
     n_cols = a.shape[-1] if a.dim() else 1
     n_rows = a.numel() // max(n_cols, 1)
-    if not rows:  # no row statistics: the element statistics do not depend on where rows begin
-        n_rows, n_cols = (1, a.numel()) if a.numel() else (n_rows, n_cols)
     function = getattr(lib, _FUNCTIONS[a.element_size()])
     size = a.element_size()
 
-    def part(first: int, count: int, out: torch.Tensor) -> None:  # ``count`` rows from row ``first``
-        function(a.data_ptr() + first * n_cols * size, b.data_ptr() + first * n_cols * size, count, n_cols,
-                 fmt.magnitude_mask, fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias, int(rows),
-                 out.data_ptr())
+    def part(first: int, count: int, length: int, out: torch.Tensor) -> None:
+        """``count`` rows of ``length`` elements from element ``first``."""
+        function(a.data_ptr() + first * size, b.data_ptr() + first * size, count, length, fmt.magnitude_mask,
+                 fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias, int(rows), out.data_ptr())
 
     threads = min(torch.get_num_threads(), 8)
     if a.numel() < PARALLEL_ELEMENTS or threads < 2 or (rows and n_rows < threads):
         out = torch.zeros(32, dtype=torch.int64)
-        part(0, n_rows, out)
+        part(0, n_rows, n_cols, out)
         return out.tolist()
-    if n_rows < threads:  # one long row without row statistics: split it into rows of equal length
-        n_rows, n_cols = _split(n_rows * n_cols, threads)
-    bounds = [n_rows * k // threads for k in range(threads + 1)]
+    if rows:  # whole rows per thread: a row's statistics need all of it
+        cuts = [n_rows * k // threads * n_cols for k in range(threads + 1)]
+        parts = [(cuts[k], (cuts[k + 1] - cuts[k]) // n_cols, n_cols) for k in range(threads)]
+    else:  # no row statistics: the element statistics do not depend on where rows begin
+        cuts = [a.numel() * k // threads for k in range(threads + 1)]
+        parts = [(cuts[k], 1, cuts[k + 1] - cuts[k]) for k in range(threads)]
     outs = torch.zeros(threads, 32, dtype=torch.int64)
     pool = _pool(threads - 1)
-    futures = [pool.submit(part, bounds[k], bounds[k + 1] - bounds[k], outs[k]) for k in range(1, threads)]
-    part(0, bounds[1], outs[0])
+    futures = [pool.submit(part, *parts[k], outs[k]) for k in range(1, threads)]
+    part(*parts[0], outs[0])
     for future in futures:
         future.result()
-    if n_rows * n_cols < a.numel():  # the tail a split into equal rows left over
-        tail = torch.zeros(1, 32, dtype=torch.int64)
-        function(a.data_ptr() + n_rows * n_cols * size, b.data_ptr() + n_rows * n_cols * size, 1,
-                 a.numel() - n_rows * n_cols, fmt.magnitude_mask, fmt.max_finite_bits, fmt.nan_above,
-                 fmt.mantissa_bits, fmt.bias, int(rows), tail.data_ptr())
-        outs = torch.cat([outs, tail])
     merged = outs.sum(0)
     merged[20] = outs[:, 20].max()  # the largest finite distance
     merged[30] = outs[:, 30].max()  # the largest row distance: non-negative doubles order like their bit patterns
     return merged.tolist()
-
-
-def _split(n: int, parts: int) -> tuple[int, int]:
-    """``(rows, length)``: ``n`` elements as ``rows`` equal rows (a multiple of ``parts``) plus a short tail."""
-    length = max(1, n // (parts * 4))
-    return (n // length) // parts * parts, length
 
 
 def _pool(workers: int) -> Any:

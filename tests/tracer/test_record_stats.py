@@ -159,7 +159,7 @@ def test_without_a_c_compiler_the_torch_path_serves_and_says_why(tmp_path, monke
 
 def test_large_pairs_split_over_threads_give_the_same_statistics(monkeypatch) -> None:
     """Pairs of ``PARALLEL_ELEMENTS`` or more run on several threads (whole rows, or any elements without the row
-    statistics, a short tail included); the merged statistics equal the reference definitions and one thread's."""
+    statistics); the merged statistics equal the reference definitions and one thread's."""
     from ulptrace import _ulp_cpu
 
     assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
