@@ -505,13 +505,12 @@ def _read_report(name: str, command: str = "matrix") -> Any:
     import json
 
     expected = f"expected the --json file of `ulptrace {command}`"
-    what = "matrix" if command == "matrix" else command
     try:
         return json.loads(Path(name).read_text())
     except FileNotFoundError:
-        raise ValueError(f"{name}: no such {what} report ({expected})") from None
+        raise ValueError(f"{name}: no such {command} report ({expected})") from None
     except IsADirectoryError:
-        raise ValueError(f"{name}: a directory, not a {what} report ({expected})") from None
+        raise ValueError(f"{name}: a directory, not a {command} report ({expected})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name}: not a JSON file ({exc.msg} at line {exc.lineno}); {expected}") from None
 

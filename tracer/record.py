@@ -571,7 +571,7 @@ class Recorder:
             self._templates.append(record)
             return
         self.sink.add(record)
-        for key in self._reads.get(site.name) or self._site_keys(site):
+        for key in self._reads[site.name]:
             if key in self._left:
                 self._left[key] -= 1
                 if self._left[key] <= 0 and key not in self._to_step_end:
