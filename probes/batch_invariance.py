@@ -86,14 +86,15 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
     started = time.perf_counter()
     count = cfg.prompts
     done = resumed_batches(cfg, cfg.resume) if cfg.resume is not None else {}
+    resumed = len(done)
+    done[1] = ({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"}, [])  # nothing compared
     rows: list[dict[str, Any]] = []
     summary: list[dict[str, Any]] = []
-    if all(b == 1 or b in done for b in cfg.batches):  # nothing left to generate
+    if all(b in done for b in cfg.batches):  # nothing left to generate
         for batch in cfg.batches:
-            entry, found = done.get(batch, ({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"}, []))
-            summary.append(entry)
-            rows += found
-        return _report(cfg, count, summary, rows, started, complete=True, resumed=len(done))
+            summary.append(done[batch][0])
+            rows += done[batch][1]
+        return _report(cfg, count, summary, rows, started, complete=True, resumed=resumed)
     cache_len = None if run.reference_mode == "eager" else run.cache_len or run.prompt_len + run.new_tokens
     model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed)
     prompts = make_prompts(model.config.vocab_size, count, run.prompt_len, run.seed, run.device)
@@ -112,13 +113,11 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                                keep_states=cfg.locate), cache_len)
                  for i in range(count)]
         for batch in cfg.batches:
-            if batch == 1:
-                summary.append({"batch": 1, "exact": count, "rows": count, "note": "alone: the reference"})
-                continue
-            if batch in done:
+            if batch in done:  # alone (batch 1), or taken from the resumed report
                 summary.append(done[batch][0])
                 rows += done[batch][1]
-                say(f"  batch {batch}: taken from the resumed report")
+                if batch != 1:
+                    say(f"  batch {batch}: taken from the resumed report")
                 continue
             exact = 0
             for first in range(0, count, batch):
@@ -136,8 +135,8 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
             summary.append({"batch": batch, "exact": exact, "rows": count})
             say(f"  batch {batch}: {exact} of {count} rows token-exact")
             if on_batch is not None:
-                on_batch(_report(cfg, count, summary, rows, started, complete=False, resumed=len(done)))
-    return _report(cfg, count, summary, rows, started, complete=True, resumed=len(done))
+                on_batch(_report(cfg, count, summary, rows, started, complete=False, resumed=resumed))
+    return _report(cfg, count, summary, rows, started, complete=True, resumed=resumed)
 
 
 def resumed_batches(cfg: BatchInvarianceConfig, report: dict[str, Any]
