@@ -160,8 +160,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
         summary[check["path"]][check["mode"]]["checks"] += 1
         summary[check["path"]][check["mode"]]["exact"] += int(check["token_exact"])
         if budget[check["path"], check["mode"]] is not None:  # rows it located count against --locate-limit
-            budget[check["path"], check["mode"]] -= sum(bool(r.get("located")) and "location_from_attempt" not in r
-                                                        for r in found)
+            budget[check["path"], check["mode"]] -= located_afresh(found)
         rows.extend(found)
         checks.append(check)
 
@@ -225,8 +224,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                                                        sites=sites, metadata=meta, deadline=deadline)
                                     earlier[path, mode, seed, batch] = (gen, found)
                                 if budget[path, mode] is not None:
-                                    budget[path, mode] -= sum(bool(r.get("located")) and "location_from_attempt"
-                                                              not in r for r in found)
+                                    budget[path, mode] -= located_afresh(found)
                                 _sync(run.device)
                                 timing["locate_seconds"] += time.perf_counter() - t0
                                 exact = all(r["token_exact"] for r in found)
@@ -271,6 +269,12 @@ def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tup
         if [r["row"] for r in found] == list(range(check["batch"])):
             out[key] = ({**check, "resumed": True}, found)
     return out
+
+
+def located_afresh(rows: list[dict[str, Any]]) -> int:
+    """The rows of a check located by a traced re-run of their own (not copied from an earlier attempt): what
+    counts against ``--locate-limit``."""
+    return sum(bool(r.get("located")) and "location_from_attempt" not in r for r in rows)
 
 
 LOCATION_KEYS = ("accumulated", "restored_step_diverges", "onset", "first_difference", "located_by", "located")
