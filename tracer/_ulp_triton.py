@@ -62,11 +62,19 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> tuple[list[in
     return counts[:19].tolist(), int(maximum.item())
 
 
-# -- one record's statistics, per element and per row, in one kernel without a host synchronisation --------
-# The result is one int64 buffer of RECORD_SLOTS (see ``RECORD_LAYOUT``), read with the buffers of other
-# records in one copy to the host (``ulptrace.ulp.resolve_stats``), so the forward pass never waits for it.
+# -- records' statistics, per element and per row, many records in one launch, no host synchronisation -------
+# Each record's result is RECORD_SLOTS int64 (see ``RECORD_LAYOUT``) in a result slab shared by a batch of records,
+# read with other slabs in one copy to the host (``ulptrace.ulp.resolve_stats``), so the forward pass never waits
+# for it. A launch covers every record of one float format and one tile shape: a traced step of a model costs a
+# few launches instead of one per record (each launch through Triton's Python launcher costs tens of us of host
+# time, more than the kernel itself on a small record).
 RECORD_SLOTS = 32
 RECORD_LAYOUT = {"codes": (0, 19), "bits_differ": 19, "max_ulp": 20, "row_codes": (21, 30), "max_row_bits": 30}
+ENTRY = 6  # int64 per record in a launch's table: a's address, b's address, rows, columns, result slot, first tile
+SEARCH = 9  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
+MAX_RECORDS = 1 << SEARCH
+TILES = (16, 128, 1024)  # columns of a tile (short, medium and long rows): few kernel variants per run
+_ELEM = {8: "int8", 16: "int16", 32: "int32", 64: "int64"}
 
 if AVAILABLE:
 
@@ -85,11 +93,26 @@ if AVAILABLE:
         value = significand * _pow2(tl.maximum(exponent, 1) - BIAS - MANT)
         return tl.where(x < 0, -value, value)
 
-    @triton.jit
-    def _record_kernel(abits_ptr, bbits_ptr, out_ptr, n_rows, n_cols, MAG: tl.constexpr,
-                       MAXF: tl.constexpr, LIMIT: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
-                       WIDE: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
-        rows = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    @triton.jit(do_not_specialize=["n_records"])
+    def _records_kernel(table_ptr, n_records, out_ptr, ELEM: tl.constexpr, MAG: tl.constexpr,
+                        MAXF: tl.constexpr, LIMIT: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
+                        WIDE: tl.constexpr, R: tl.constexpr, C: tl.constexpr, STEPS: tl.constexpr):
+        # the program's record: the last entry whose first tile is at or before the program (binary search)
+        pid = tl.program_id(0).to(tl.int64)
+        lo = pid * 0
+        hi = lo + n_records
+        for _ in tl.static_range(STEPS):
+            mid = (lo + hi) // 2
+            go = tl.load(table_ptr + mid * 6 + 5) <= pid
+            lo = tl.where(go, mid, lo)
+            hi = tl.where(go, hi, mid)
+        entry = table_ptr + lo * 6
+        abits_ptr = tl.load(entry).to(tl.pointer_type(ELEM))
+        bbits_ptr = tl.load(entry + 1).to(tl.pointer_type(ELEM))
+        n_rows = tl.load(entry + 2)
+        n_cols = tl.load(entry + 3)
+        out = out_ptr + tl.load(entry + 4) * 32
+        rows = (pid - tl.load(entry + 5)) * R + tl.arange(0, R)
         base = rows * n_cols
         row_in = rows < n_rows
         # pass 1: the row's magnitude, the largest finite |a| (magnitude bits order like the values)
@@ -134,33 +157,63 @@ if AVAILABLE:
             row_codes += tl.histogram(tl.reshape(row_code.to(tl.int32), [R * C]), 16)
             top_row = tl.maximum(top_row, tl.where(nonfinite | ~inside, 0.0, d))
         slots = tl.arange(0, 32)
-        tl.atomic_add(out_ptr + slots, codes.to(tl.int64), mask=slots < 19)
-        tl.atomic_add(out_ptr + 19, tl.sum(tl.sum(differ, axis=1), axis=0).to(tl.int64))
-        tl.atomic_max(out_ptr + 20, tl.max(tl.max(top_ulp, axis=1), axis=0).to(tl.int64))
+        tl.atomic_add(out + slots, codes.to(tl.int64), mask=slots < 19)
+        tl.atomic_add(out + 19, tl.sum(tl.sum(differ, axis=1), axis=0).to(tl.int64))
+        tl.atomic_max(out + 20, tl.max(tl.max(top_ulp, axis=1), axis=0).to(tl.int64))
         slots16 = tl.arange(0, 16)
-        tl.atomic_add(out_ptr + 21 + slots16, row_codes.to(tl.int64), mask=slots16 < 9)
+        tl.atomic_add(out + 21 + slots16, row_codes.to(tl.int64), mask=slots16 < 9)
         # a non-negative float64's bit pattern orders like its value
-        tl.atomic_max(out_ptr + 30, tl.max(tl.max(top_row, axis=1), axis=0).to(tl.int64, bitcast=True))
+        tl.atomic_max(out + 30, tl.max(tl.max(top_row, axis=1), axis=0).to(tl.int64, bitcast=True))
+
+
+def tile_columns(n_cols: int) -> int:
+    """The tile width (one of ``TILES``) that serves rows of ``n_cols`` elements; records of one width share a launch."""
+    return next(c for c in TILES if c >= n_cols or c == TILES[-1])
+
+
+def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any, out: torch.Tensor) -> None:
+    """Enqueue the statistics of record pairs of one float format and one tile width (:func:`tile_columns`) in one
+    launch: ``pairs`` are (a's bit patterns, b's, result slot), same-shape contiguous tensors on ``out``'s device
+    (rows are the last dimension); slot ``s``'s results are added into ``out[s]`` (int64, ``RECORD_SLOTS`` per slot,
+    zeroed by the caller). No host synchronisation: the launch's table reaches the device by an asynchronous copy.
+    The tensors must stay alive and unchanged until the kernel has run (the caller's stream orders it).
+
+    Raises:
+        ImportError: Triton is not installed.
+        ValueError: more than ``MAX_RECORDS`` pairs, or pairs of several tile widths.
+    """
+    if not AVAILABLE:
+        raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
+    if not 0 < len(pairs) <= MAX_RECORDS:
+        raise ValueError(f"a launch takes 1 to {MAX_RECORDS} record pairs, but got {len(pairs)}")
+    table: list[int] = []
+    tiles = 0
+    cols = None
+    for a, b, slot in pairs:
+        n_cols = a.shape[-1] if a.dim() else 1
+        width = tile_columns(n_cols)
+        if cols is not None and width != cols:
+            raise ValueError(f"one launch serves one tile width, but got rows of {cols} and {width} columns")
+        cols = width
+        n_rows = a.numel() // max(n_cols, 1)
+        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)
+        tiles += -(-n_rows // (2048 // width))
+    cuda = out.is_cuda
+    host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
+    device_table = host.to(out.device, non_blocking=True) if cuda else host
+    _records_kernel[(tiles,)](
+        device_table, len(pairs), out, ELEM=getattr(tl, _ELEM[fmt.bits]), MAG=fmt.magnitude_mask,
+        MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
+        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=2048 // cols, C=cols, STEPS=SEARCH, num_warps=8)
 
 
 def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> torch.Tensor:
-    """Enqueue the statistics of two same-shape CUDA tensors of one float format, given as bit patterns;
-    returns the int64 buffer of ``RECORD_SLOTS`` they are written to (``RECORD_LAYOUT``). Rows are the last
-    dimension. No host synchronisation.
+    """The statistics of one pair (see :func:`launch_records`) enqueued alone; returns its int64 buffer of
+    ``RECORD_SLOTS``. No host synchronisation.
 
     Raises:
         ImportError: Triton is not installed.
     """
-    if not AVAILABLE:
-        raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
-    n_cols = bits_a.shape[-1] if bits_a.dim() else 1
-    n_rows = bits_a.numel() // max(n_cols, 1)
-    out = torch.zeros(RECORD_SLOTS, dtype=torch.int64, device=bits_a.device)
-    # three tile shapes in all (short, medium and long rows), so a run compiles few variants of the kernel
-    cols = next(c for c in (16, 128, 1024) if c >= n_cols or c == 1024)
-    rows = 2048 // cols
-    _record_kernel[(triton.cdiv(n_rows, rows),)](
-        bits_a.reshape(-1), bits_b.reshape(-1), out, n_rows, n_cols,
-        MAG=fmt.magnitude_mask, MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
-        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=rows, C=cols, num_warps=8)
-    return out
+    out = torch.zeros(1, RECORD_SLOTS, dtype=torch.int64, device=bits_a.device)
+    launch_records([(bits_a.contiguous(), bits_b.contiguous(), 0)], fmt, out)
+    return out[0]

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
 from ulptrace.trace import Record, Trace
-from ulptrace.ulp import FORMATS, PendingStats, RecordStats, bits, pending_stats, resolve_stats
+from ulptrace.ulp import FORMATS, PendingStats, RecordStats, StatsBatch, bits, pending_stats, resolve_stats
 
 ONSET_REASONS = ("verdict", "unjudged", "unobserved")
 COULD_NOT_JUDGE = "could_not_judge"
@@ -99,12 +99,13 @@ class SiteDiff:
         return asdict(self)
 
 
-def _stats(a: torch.Tensor, b: torch.Tensor, rows: bool = True) -> PendingStats | RecordStats:
+def _stats(a: torch.Tensor, b: torch.Tensor, rows: bool = True, batch: StatsBatch | None = None
+           ) -> PendingStats | RecordStats:
     """The statistics of two same-shape tensors of one dtype: pending (``ulptrace.ulp.pending_stats``, nothing
-    waits for a CUDA device) for the float formats; counted now for integer / bool records (no ULPs).
-    ``rows=False`` for a recorded input, whose row-magnitude statistics nobody reads."""
+    waits for a CUDA device; queued in ``batch`` when given) for the float formats; counted now for integer /
+    bool records (no ULPs). ``rows=False`` for a recorded input, whose row-magnitude statistics nobody reads."""
     if a.dtype in FORMATS:
-        return pending_stats(a, b, rows=rows)
+        return pending_stats(a, b, rows=rows, batch=batch)
     return RecordStats(bitwise_equal(a, b), int((a != b).sum()), None, {}, None, {})
 
 
@@ -180,10 +181,12 @@ class KnownPairs:
 
 
 def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = None,
-               known: KnownPairs | None = None) -> _PendingDiff | dict:
+               known: KnownPairs | None = None, batch: StatsBatch | None = None) -> _PendingDiff | dict:
     """``diff_records`` without waiting for the device: the statistics are enqueued (read them, for many
     records at once, with ``finish_diffs``); the judge, if any, runs now. A mismatch dict as ``diff_records``.
-    ``known``: pairs compared before (``KnownPairs``), reused for the inputs and extended with this record's."""
+    ``known``: pairs compared before (``KnownPairs``), reused for the inputs and extended with this record's.
+    ``batch``: a ``StatsBatch`` that launches the CUDA statistics of many records together (the records'
+    tensors must not change until then)."""
     reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
     ref, cand = reference.out, candidate.out
     note = None
@@ -210,10 +213,10 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             inputs[role] = None
             continue
         seen = known.get(r_in, c_in) if known is not None else None
-        inputs[role] = seen if seen is not None else _stats(r_in.to(c_in.device, non_blocking=True), c_in, rows=False)
+        inputs[role] = seen if seen is not None else _stats(r_in.to(c_in.device, non_blocking=True), c_in, False, batch)
         if known is not None and seen is None:
             known.put(r_in, c_in, inputs[role])  # type: ignore[arg-type]
-    stats = _stats(ref, cand)
+    stats = _stats(ref, cand, True, batch)
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
@@ -490,7 +493,9 @@ class StreamingComparator:
     Keeps only ``SiteDiff`` statistics; the reference can be a ``Trace`` or a ``LazyTrace`` on
     disk (read one step shard at a time), so memory stays bounded for long runs. On a GPU the statistics
     of up to ``BATCH`` records are read from the device together (``result.sites`` is complete after
-    ``finish``), so the traced run is not stopped at every site to wait for them.
+    ``finish``), so the traced run is not stopped at every site to wait for them, and they are launched together
+    (``ulptrace.ulp.StatsBatch``: a few kernel launches per step instead of one per record; a recorder's records
+    are copies nothing writes to, as a batch requires).
     """
 
     BATCH = 256
@@ -506,6 +511,7 @@ class StreamingComparator:
         self._seen: set[tuple[str, int]] = set()
         self._pending: list[_PendingDiff] = []
         self._known = KnownPairs()
+        self._batch = StatsBatch()
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry: the candidate run's metadata."""
@@ -517,7 +523,7 @@ class StreamingComparator:
         if ref is None:
             self.result.extra.append({"site": record.site, "step": record.step})
             return
-        diff = start_diff(ref, record, self.judge, self._known)
+        diff = start_diff(ref, record, self.judge, self._known, self._batch)
         if isinstance(diff, dict):
             self.result.mismatched.append(diff)
             return

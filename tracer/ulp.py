@@ -40,6 +40,7 @@ __all__ = [
     "PendingStats",
     "RecordStats",
     "RowUlpDistance",
+    "StatsBatch",
     "UlpDistance",
     "bits",
     "format_histogram",
@@ -726,13 +727,62 @@ class RecordStats(NamedTuple):
 
 
 class PendingStats:
-    """A :class:`RecordStats` being computed on the device (``buffer``) or already known (``value``):
-    read it with :func:`resolve_stats`, which waits once for any number of them."""
+    """A :class:`RecordStats` being computed on the device (row ``index`` of the int64 result slab ``buffer``, or
+    waiting in a :class:`StatsBatch` not launched yet) or already known (``value``): read it with
+    :func:`resolve_stats`, which waits once for any number of them."""
 
-    __slots__ = ("buffer", "numel", "value")
+    __slots__ = ("batch", "buffer", "index", "numel", "value")
 
-    def __init__(self, value: RecordStats | None = None, buffer: torch.Tensor | None = None, numel: int = 0) -> None:
-        self.value, self.buffer, self.numel = value, buffer, numel
+    def __init__(self, value: RecordStats | None = None, buffer: torch.Tensor | None = None, numel: int = 0,
+                 index: int = 0, batch: StatsBatch | None = None) -> None:
+        self.value, self.buffer, self.numel, self.index, self.batch = value, buffer, numel, index, batch
+
+
+class StatsBatch:
+    """Record pairs on one CUDA device whose statistics are launched together (Triton, ``ulptrace._ulp_triton``):
+    one launch per float format and tile width instead of one per record, and one zeroed result slab for all.
+
+    :func:`pending_stats` with ``batch=`` puts a pair here (nothing runs yet; the batch holds both tensors, so they
+    must not be written to in place until it is launched — a recorder's records are copies). The batch launches
+    when it holds ``max_records`` pairs or ``max_bytes`` of them (what it keeps alive is bounded), when a pair of
+    another device arrives, and when :func:`resolve_stats` needs any of its results; ``launch()`` does it on demand.
+    """
+
+    def __init__(self, max_records: int = 512, max_bytes: int = 64 << 20) -> None:
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor, FloatFormat, PendingStats]] = []
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def add(self, a: torch.Tensor, b: torch.Tensor, fmt: FloatFormat) -> PendingStats:
+        """Queue the statistics of two same-shape contiguous bit-pattern tensors of ``fmt`` on one CUDA device."""
+        if self._pairs and self._pairs[0][0].device != a.device:
+            self.launch()
+        pending = PendingStats(numel=a.numel(), batch=self)
+        self._pairs.append((a, b, fmt, pending))
+        self._bytes += 2 * a.numel() * a.element_size()
+        if len(self._pairs) >= self.max_records or self._bytes >= self.max_bytes:
+            self.launch()
+        return pending
+
+    def launch(self) -> None:
+        """Enqueue every queued pair's statistics (no host synchronisation) and empty the batch."""
+        if not self._pairs:
+            return
+        from ulptrace import _ulp_triton
+
+        pairs, self._pairs, self._bytes = self._pairs, [], 0
+        slab = torch.zeros(len(pairs), _ulp_triton.RECORD_SLOTS, dtype=torch.int64, device=pairs[0][0].device)
+        groups: dict[tuple[FloatFormat, int], list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
+        for slot, (a, b, fmt, pending) in enumerate(pairs):
+            pending.buffer, pending.index, pending.batch = slab, slot, None
+            width = _ulp_triton.tile_columns(a.shape[-1] if a.dim() else 1)
+            groups.setdefault((fmt, width), []).append((a, b, slot))
+        for (fmt, _), group in groups.items():
+            for start in range(0, len(group), _ulp_triton.MAX_RECORDS):
+                _ulp_triton.launch_records(group[start:start + _ulp_triton.MAX_RECORDS], fmt, slab)
 
 
 # boundaries of the row codes: 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" (torch.bucketize:
@@ -753,11 +803,12 @@ def record_stats(a: torch.Tensor, b: torch.Tensor) -> RecordStats:
     return resolve_stats([pending_stats(a, b)])[0]
 
 
-def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> PendingStats:
+def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
+                  batch: StatsBatch | None = None) -> PendingStats:
     """Start :func:`record_stats` of ``a`` and ``b``: on CUDA (Triton) the kernel is enqueued and nothing waits
-    for it; elsewhere the statistics are computed now. ``rows=False``: the row-magnitude statistics are not
-    needed (``max_row_ulp`` None, ``row_histogram`` empty, unless the fused kernel computed them anyway).
-    Errors as :func:`record_stats`."""
+    for it — with ``batch`` (a :class:`StatsBatch`), queued there and launched with other pairs; elsewhere the
+    statistics are computed now. ``rows=False``: the row-magnitude statistics are not needed (``max_row_ulp``
+    None, ``row_histogram`` empty, unless the fused kernel computed them anyway). Errors as :func:`record_stats`."""
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
     fmt = format_of(a.dtype)
@@ -766,10 +817,13 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
     n = a.numel()
     if a.is_cuda and b.device == a.device and n > 0 \
             and _triton_stats() is not None:
-        from ulptrace import _ulp_triton
-
-        a, b = a.contiguous(), b.contiguous()
-        return PendingStats(buffer=_ulp_triton.record_stats(bits(a), bits(b), fmt), numel=n)
+        pair = (bits(a), bits(b), fmt)  # bits() is contiguous
+        if batch is not None:
+            return batch.add(*pair)
+        single = StatsBatch()
+        pending = single.add(*pair)
+        single.launch()
+        return pending
     ba, bb = bits(a), bits(b)
     if a.device.type == "cpu" and n > 0 and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
         return PendingStats(_from_slots(_cpu_stats()(ba, bb, fmt, rows=rows), n, rows))
@@ -784,10 +838,23 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True) -> Pen
 
 
 def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
-    """The results of :func:`pending_stats` calls, in order; device buffers are read in one copy."""
-    buffers = [p.buffer for p in pending if p.buffer is not None]
-    host = iter(torch.stack(buffers).tolist() if buffers else [])
-    return [p.value if p.value is not None else _from_slots(next(host), p.numel, True) for p in pending]
+    """The results of :func:`pending_stats` calls, in order: batches not launched yet are launched, and every
+    device result slab is read in one copy."""
+    for p in pending:
+        if p.batch is not None:
+            p.batch.launch()
+    slabs: dict[int, int] = {}  # id(slab) -> its first row in the copy
+    parts = []
+    rows = 0
+    for p in pending:
+        if p.value is None and id(p.buffer) not in slabs:
+            slabs[id(p.buffer)] = rows
+            part = p.buffer.reshape(-1, p.buffer.shape[-1])
+            parts.append(part)
+            rows += part.shape[0]
+    host = torch.cat(parts).tolist() if parts else []
+    return [p.value if p.value is not None else _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, True)
+            for p in pending]
 
 
 def _from_slots(c: list[int], numel: int, rows: bool) -> RecordStats:

@@ -131,6 +131,63 @@ def test_fused_kernel_in_the_triton_interpreter(dtype) -> None:
         assert _fused(a, b) == _expected(a, b), (dtype, name)
 
 
+def _mixed_pairs():
+    """Pairs of every format, many shapes (tile widths 16, 128 and 1024, 0-d, one column) in one list."""
+    pairs = []
+    for dtype in FORMATS:
+        for name, a, b in _cases(dtype):
+            if name == "long rows":
+                a, b = a[:, :2100], b[:, :2100]  # the interpreter is slow; still more than one column block
+            pairs.append((f"{dtype} {name}", a, b))
+    return pairs
+
+
+def _batched(pairs, max_records):
+    """Every pair's statistics through one ``StatsBatch`` (launched by the batch itself and by resolve_stats)."""
+    batch = U.StatsBatch(max_records=max_records)
+    pending = []
+    for _, a, b in pairs:
+        pending.append(batch.add(U.bits(a), U.bits(b), FORMATS[a.dtype]))
+    assert len(batch) == len(pairs) % max_records  # full batches were launched as they filled
+    return [tuple(s) for s in resolve_stats(pending)]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
+def test_batched_launches_in_the_triton_interpreter() -> None:
+    """Pairs of several formats and tile widths share launches (one per format and width, a binary search finds a
+    program's record); each result equals the reference definitions, whatever the batch size."""
+    pytest.importorskip("triton")
+    pairs = _mixed_pairs()
+    expected = [_expected(a, b) for _, a, b in pairs]
+    for max_records in (7, 512):
+        assert _batched(pairs, max_records) == expected, max_records
+
+
+def test_a_launch_names_what_it_cannot_take() -> None:
+    pytest.importorskip("triton")
+    from ulptrace import _ulp_triton
+
+    a = torch.ones(2, 20, dtype=torch.bfloat16).view(torch.int16)
+    out = torch.zeros(2, _ulp_triton.RECORD_SLOTS, dtype=torch.int64)
+    fmt = FORMATS[torch.bfloat16]
+    with pytest.raises(ValueError, match="one tile width, but got rows of 128 and 16 columns"):
+        _ulp_triton.launch_records([(a, a, 0), (a[:, :3], a[:, :3], 1)], fmt, out)
+    with pytest.raises(ValueError, match=f"1 to {_ulp_triton.MAX_RECORDS} record pairs, but got 0"):
+        _ulp_triton.launch_records([], fmt, out)
+
+
+@pytest.mark.gpu
+def test_batched_cuda_stats_equal_the_reference_definitions() -> None:
+    """As in the interpreter, on the GPU, through ``pending_stats(batch=...)`` as the comparison calls it."""
+    pairs = _mixed_pairs()
+    for max_records in (5, 512):
+        batch = U.StatsBatch(max_records=max_records)
+        pending = [pending_stats(a.cuda(), b.cuda(), batch=batch) for _, a, b in pairs]
+        got = [tuple(s) for s in resolve_stats(pending)]
+        for (name, a, b), result in zip(pairs, got):
+            assert result == _expected(a, b), (max_records, name)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
 def test_fused_cuda_record_stats_equal_the_reference_definitions(dtype) -> None:

@@ -204,3 +204,27 @@ def test_trace_writer_copies_gpu_records_without_waiting_and_writes_them_exactly
     loaded = load_trace(writer.close())
     for step, value in values.items():
         assert torch.equal(loaded[("s", step)].out, value.cpu())
+
+
+@pytest.mark.gpu
+def test_batched_cuda_comparison_equals_the_cpu_pass_on_a_real_run() -> None:
+    """A whole run's records compared on the GPU (``StatsBatch``: many records per launch, read in slabs) give
+    exactly the statistics of the same records compared on the CPU (compiled pass): every field of every site."""
+    from contextlib import ExitStack
+
+    from ulptrace.probes.onset import record_pair
+    from ulptrace.trace import Record, Trace
+
+    cfg = RunConfig(model="tiny-qwen3.5", device="cuda", candidate="kernels:fused", prompts=3, prompt_len=20,
+                    new_tokens=3, oracle=False)
+    with ExitStack() as stack:
+        ref, cand, _, _ = record_pair(cfg, stack)
+
+    def on_cpu(records):
+        return [Record(r.site, r.step, r.kind, r.layer, r.out.cpu(), {k: v.cpu() for k, v in r.inputs.items()})
+                for r in records]
+
+    gpu = compare(ref, cand).to_json()
+    cpu = compare(Trace(ref.metadata, on_cpu(ref)), on_cpu(cand)).to_json()
+    assert len(gpu["sites"]) > 100 and any(not s["bitwise_equal"] for s in gpu["sites"])
+    assert gpu["sites"] == cpu["sites"]
