@@ -12,7 +12,9 @@ of the statistics kernel, cached on disk for later processes) and warm (a second
 ``--profile FILE`` writes cProfile's top functions of the warm run.
 
 ``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
-timings — removed), so two commits can be checked for identical verdicts, statistics and onsets:
+timings — removed), so two commits can be checked for identical verdicts, statistics and onsets
+(``--reports-only``: just those two onsets, e.g. run with an older commit's package on ``PYTHONPATH``, see
+``bench/gpu_p1.sh``):
 
     python bench/bench_trace.py --device cpu --model tiny-qwen3.5 --prompts 8 --prompt-len 128 --new-tokens 16
     python bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
@@ -136,6 +138,8 @@ def main() -> None:
     p.add_argument("--oracle-new-tokens", type=int, default=4)
     p.add_argument("--stats-mib", type=int, default=64)
     p.add_argument("--reports", type=Path)
+    p.add_argument("--reports-only", action="store_true",
+                   help="only write the two onsets' reports (no timing): e.g. for a baseline commit's package")
     p.add_argument("--json")
     p.add_argument("--profile", help="write cProfile's top functions of the warm P1 run to this file")
     args = p.parse_args()
@@ -145,6 +149,13 @@ def main() -> None:
     base = {"model": args.model, "candidate": args.candidate, "device": args.device}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
+    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
+    if args.reports_only:
+        if not args.reports:
+            p.error("--reports-only needs --reports DIR")
+        traced(cfg, args.reports, "P1-no-oracle")
+        traced(cfg3, args.reports, "P3-oracle")
+        return
     pair = untraced_pair(cfg)
     seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
     warm, _ = traced(cfg, None, "P1-warm", args.profile)
@@ -157,7 +168,6 @@ def main() -> None:
     out["P2"] = st
     print(f"P2 ULP statistics {args.stats_mib} MiB x2: {st['stats_GBps']:.1f} GB/s vs copy {st['copy_GBps']:.1f} GB/s"
           f" = {100 * st['share_of_copy']:.1f}% of copy", flush=True)
-    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
     pair3 = untraced_pair(cfg3)
     seconds3, _ = traced(cfg3, args.reports, "P3-oracle")
     out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}

@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # One device call for the streaming-comparison speed (issue 11, P1): install, build the kernels, the tracer's GPU
-# tests, then the tracing benchmark on the 0.8B shape with a profile of the warm run. Logs and JSON under $OUT.
+# tests, then the tracing benchmark on the 0.8B shape with a profile of the warm run and the onsets' JSON reports.
+# Logs and JSON under $OUT.
+# With .base/ carried (`git archive <commit> tracer probes kernels | tar -x -C .base`, git-ignored) the reports of that
+# commit's package are written first, before this tree is installed (to $OUT/base_reports), for an identity check.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
+BENCH="bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
+if [ -d .base/tracer ]; then
+    mkdir -p /tmp/base && cp -r .base/tracer /tmp/base/ulptrace && ln -s "$PWD/.base/probes" /tmp/base/ulptrace/probes \
+        && ln -s "$PWD/.base/kernels" /tmp/base/ulptrace/kernels
+    PYTHONPATH=/tmp/base python3 $BENCH --reports-only --reports $OUT/base_reports 2>&1 | grep -v Warn | tail -3
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
-python3 -m pytest -m gpu tests/tracer -q -p no:cacheprovider -rf --tb=short ${TESTS:-} 2>&1 | tee $OUT/gpu_tests.log | tail -8
-python3 bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 \
-    --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt --reports $OUT/reports \
-    2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
+python3 -m pytest -m gpu ${TESTS:-tests/tracer} -q -p no:cacheprovider -rf --tb=short 2>&1 | tee $OUT/gpu_tests.log | tail -8
+python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
+    --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
+if [ -d $OUT/base_reports ]; then
+    for f in P1-no-oracle P3-oracle; do cmp $OUT/base_reports/$f.json $OUT/reports/$f.json && echo "$f identical to the base"; done
+fi
