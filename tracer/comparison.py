@@ -205,7 +205,9 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
                       f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
         }
     # statistics where the candidate's record was produced, started without waiting for the device
-    ref = ref.to(cand.device, non_blocking=True)
+    where = cand.device
+    if ref.device != where:
+        ref = ref.to(where, non_blocking=True)
     inputs: dict[str, PendingStats | RecordStats | None] = {}
     for role, r_in in reference.inputs.items():
         c_in = candidate.inputs.get(role)
@@ -213,9 +215,12 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             inputs[role] = None
             continue
         seen = known.get(r_in, c_in) if known is not None else None
-        inputs[role] = seen if seen is not None else _stats(r_in.to(c_in.device, non_blocking=True), c_in, False, batch)
-        if known is not None and seen is None:
-            known.put(r_in, c_in, inputs[role])  # type: ignore[arg-type]
+        if seen is None:
+            seen = _stats(r_in if r_in.device == c_in.device else r_in.to(c_in.device, non_blocking=True), c_in,
+                          False, batch)
+            if known is not None:
+                known.put(r_in, c_in, seen)
+        inputs[role] = seen
     stats = _stats(ref, cand, True, batch)
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)

@@ -97,7 +97,7 @@ class MemorySink:
         if where not in self._budget:  # bytes this sink may still keep there
             total = torch.cuda.get_device_properties(where).total_memory
             self._budget[where] = int(self.AUTO_SHARE * total) - torch.cuda.memory_allocated(where)
-        size = sum(t.numel() * t.element_size() for t in {id(t): t for t in (record.out, *record.inputs.values())}.values())
+        size = sum(t.nbytes for t in {id(t): t for t in (record.out, *record.inputs.values())}.values())
         if size > self._budget[where]:
             return False
         self._budget[where] -= size
@@ -145,7 +145,9 @@ def _arg(args: tuple, kwargs: dict, index: int) -> torch.Tensor | None:
 
 
 def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.detach().clone()
+    if t is None:
+        return None
+    return t.detach().clone() if t.requires_grad else t.clone()  # detach only where it does something
 
 
 def model_metadata(model: Any, path: str) -> dict[str, Any]:
@@ -237,6 +239,7 @@ class Recorder:
         self._left: dict[str, int] = {}
         # a post-attention norm's residual falls back to its input when it returns one tensor
         self._needed |= {Obs(o.module, "in0") for o in self._needed if o.at == "residual"}
+        self._keys = {(o.module, o.at): o.key for o in self._needed}  # the buffer key of each needed observation
         self._tapped: set[tuple[int, str]] = set()
         self._paths: dict[int, str] | None = None
         self._active = False
@@ -545,14 +548,15 @@ class Recorder:
             return
         fired = []
         for at, value in values.items():
-            key = f"{path}:{at}"
+            key = self._keys.get((path, at))  # None: nobody reads this observation
+            if key is None:
+                continue
             if value is None:
                 self._buffer.pop(key, None)
                 continue
-            if Obs(path, at) in self._needed:
-                self._buffer[key] = _copy(value)
-                self._left[key] = self._uses[key]
-                fired.append(key)
+            self._buffer[key] = _copy(value)
+            self._left[key] = self._uses[key]
+            fired.append(key)
         for key in fired:
             for site in self._by_out.get(key, ()):
                 self._emit(site, self._buffer[key], path)

@@ -748,7 +748,7 @@ class StatsBatch:
     another device arrives, and when :func:`resolve_stats` needs any of its results; ``launch()`` does it on demand.
     """
 
-    def __init__(self, max_records: int = 512, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20) -> None:
         self.max_records, self.max_bytes = max_records, max_bytes
         self._pairs: list[tuple[torch.Tensor, torch.Tensor, FloatFormat, PendingStats]] = []
         self._bytes = 0
@@ -839,7 +839,8 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
 
 def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
     """The results of :func:`pending_stats` calls, in order: batches not launched yet are launched, and every
-    device result slab is read in one copy."""
+    device result slab is read in one copy. Each result is decoded once and kept (a pending statistic shared by
+    several records, e.g. an input that is another record's output, is listed once per record)."""
     for p in pending:
         if p.batch is not None:
             p.batch.launch()
@@ -852,9 +853,16 @@ def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
             part = p.buffer.reshape(-1, p.buffer.shape[-1])
             parts.append(part)
             rows += part.shape[0]
-    host = torch.cat(parts).tolist() if parts else []
-    return [p.value if p.value is not None else _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, True)
-            for p in pending]
+    if parts:
+        host = torch.cat(parts).tolist()
+        for p in pending:
+            if p.value is None:
+                p.value = _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, True)
+                p.buffer = None
+    return [p.value for p in pending]
+
+
+_DOUBLE, _INT64 = struct.Struct("<d"), struct.Struct("<q")
 
 
 def _from_slots(c: list[int], numel: int, rows: bool) -> RecordStats:
@@ -863,8 +871,7 @@ def _from_slots(c: list[int], numel: int, rows: bool) -> RecordStats:
     codes = c[0:19]
     if not rows:
         return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), None, {})
-    max_row = struct.unpack("<d", struct.pack("<q", c[30]))[0]
-    return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), max_row,
+    return RecordStats(c[19] == 0, numel - codes[0], c[20], _buckets(codes), _DOUBLE.unpack(_INT64.pack(c[30]))[0],
                        dict(zip(ROW_HISTOGRAM_BUCKETS, c[21:30])))
 
 
