@@ -1,0 +1,121 @@
+"""Where P1's time goes: the streaming onset split into layers, each timed without a profiler on the same prebuilt
+models (issue 11: "where a goal is not reached, say what bounds it — measure it").
+
+1. ``untraced``: the reference generation and the candidate's forced generation, no recorder;
+2. ``hooks``: both runs with recorders whose sink drops every record (hooks, observation copies, records made);
+3. ``bookkeeping``: ``run_onset`` without the oracle, with the statistics replaced by a constant (reference kept,
+   records aligned, comparisons started and finished, no statistics computed);
+4. ``onset``: ``run_onset`` as it is.
+
+Each is the minimum of ``--repeats`` runs, interleaved; Python's garbage collector time in the full onset is
+reported too. The differences between the layers are what each adds.
+
+    python bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import torch
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+class _Drop:
+    def add(self, record) -> None:
+        pass
+
+
+def main() -> None:
+    import ulptrace.comparison as comparison
+    import ulptrace.probes.onset as onset
+    from ulptrace.paths import apply_path
+    from ulptrace.record import Recorder
+    from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
+    from ulptrace.ulp import PendingStats, RecordStats
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", default="tiny-qwen3.5")
+    p.add_argument("--candidate", default="kernels:fused")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json")
+    args = p.parse_args()
+    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
+                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
+    built = build_pair(cfg)
+    ref, cand, prompts = built
+    onset.build_pair = lambda c: built  # every layer runs on the same two models
+
+    def untraced() -> None:
+        with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
+            tokens = greedy(ref, prompts, cfg.new_tokens)
+            greedy(cand, prompts, cfg.new_tokens, forced=tokens)
+
+    def hooks() -> None:
+        with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
+            with Recorder(ref, sites=selected_sites(ref, cfg), sink=_Drop()):
+                tokens = greedy(ref, prompts, cfg.new_tokens)
+            with Recorder(cand, sites=selected_sites(cand, cfg), sink=_Drop()):
+                greedy(cand, prompts, cfg.new_tokens, forced=tokens)
+
+    constant = RecordStats(True, 0, 0, {}, 0.0, {})
+    real_stats = comparison.pending_stats
+
+    def bookkeeping() -> None:
+        comparison.pending_stats = lambda a, b, **kw: PendingStats(constant)
+        try:
+            onset.run_onset(cfg)
+        finally:
+            comparison.pending_stats = real_stats
+
+    def full() -> None:
+        onset.run_onset(cfg)
+
+    layers = {"untraced": untraced, "hooks": hooks, "bookkeeping": bookkeeping, "onset": full}
+    for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
+        run()
+    times: dict[str, list[float]] = {name: [] for name in layers}
+    for _ in range(args.repeats):
+        for name, run in layers.items():
+            _sync(args.device)
+            t0 = time.perf_counter()
+            run()
+            _sync(args.device)
+            times[name].append(time.perf_counter() - t0)
+    collected = [0.0]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            collected[0] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_gc)
+    full()
+    gc.callbacks.remove(on_gc)
+    best = {name: min(t) for name, t in times.items()}
+    base = best["untraced"]
+    out = {"device": args.device, "model": args.model, "torch": torch.__version__, "seconds": best,
+           "ratio": {name: t / base for name, t in best.items()}, "gc_s_in_onset": collected[0]}
+    for name, t in best.items():
+        print(f"{name:12s} {t:7.3f} s  {t / base:5.2f}x", flush=True)
+    print(f"garbage collection during one onset: {collected[0]:.3f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
