@@ -25,6 +25,7 @@ incoming recurrent or conv state that a prefill does not have.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +45,8 @@ class Obs:
     module: str
     at: str
 
-    @property
-    def key(self) -> str:
+    @functools.cached_property
+    def key(self) -> str:  # cached: the recorder reads it for every observation
         return f"{self.module}:{self.at}"
 
 

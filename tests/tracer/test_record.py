@@ -172,3 +172,64 @@ def test_recorder_releases_each_observation_once_its_sites_have_emitted(name) ->
     assert len(rec.trace) == 2 * len(sites)  # every record still made
     assert all(k.endswith("post_attention_layernorm:in0") for k in rec.held()) and len(rec.held()) == layers
     assert max(peak) < len(observed) / 2, (max(peak), len(observed))
+
+
+class _Chain(torch.nn.Module):
+    """a -> b (b adds 1 to its input in place and returns it) -> c."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity()
+        self.b.forward = lambda x: x.add_(1)
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x.clone())))
+
+
+def _chain_sites():
+    from ulptrace.sites import Obs, Site
+
+    return [Site("a", "other", None, Obs("a", "out")),
+            Site("b", "other", None, Obs("b", "out"), {"x": Obs("b", "in0")}),
+            Site("c", "other", None, Obs("c", "out"), {"x": Obs("c", "in0")})]
+
+
+def test_one_copy_per_unchanged_tensor_and_a_new_one_after_an_in_place_write() -> None:
+    """A tensor observed under several names (a's output is b's input) is copied once while unchanged; b writes it
+    in place, so b's output (the same tensor object) gets a copy of its own, with the new values."""
+    model = _Chain()
+    x = torch.arange(4.0)
+    with Recorder(model, sites=_chain_sites()) as rec:
+        model(x)
+    a, b, c = (rec.trace[name, 0] for name in "abc")
+    assert torch.equal(a.out, x) and torch.equal(b.inputs["x"], x) and torch.equal(b.out, x + 1)
+    assert b.inputs["x"] is a.out  # unchanged between the observations: one copy
+    assert b.out is not a.out  # written in place in between: a new copy
+    assert c.inputs["x"] is b.out and torch.equal(c.out, x + 1)
+    with torch.inference_mode(), Recorder(model, sites=_chain_sites()) as rec:  # no version counter: always copy
+        model(x)
+    a, b = rec.trace["a", 0], rec.trace["b", 0]
+    assert torch.equal(b.inputs["x"], x) and b.inputs["x"] is not a.out and torch.equal(b.out, x + 1)
+
+
+def test_recording_freezes_the_garbage_collectors_old_objects_until_exit(qwen, prompts) -> None:
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    with Recorder(qwen):
+        assert gc.get_freeze_count() > 0
+        with Recorder(qwen):  # nested: the outer recorder's freeze stands
+            pass
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError, match="boom"), Recorder(qwen):
+        raise RuntimeError("boom")
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the caller's own freeze is left as it is
+    try:
+        frozen = gc.get_freeze_count()
+        with Recorder(qwen):
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
