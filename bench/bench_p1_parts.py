@@ -2,10 +2,12 @@
 models (issue 11: "where a goal is not reached, say what bounds it — measure it").
 
 1. ``untraced``: the reference generation and the candidate's forced generation, no recorder;
-2. ``hooks``: both runs with recorders whose sink drops every record (hooks, observation copies, records made);
-3. ``bookkeeping``: ``run_onset`` without the oracle, with the statistics replaced by a constant (reference kept,
+2. ``hooks-no-copy``: both runs with recorders whose sink drops every record, observed tensors not copied (hook
+   dispatch, the recorder's own work, records made) — a diagnostic layer, not a usable mode;
+3. ``hooks``: the same with the copies (one per observed tensor while it is unchanged);
+4. ``bookkeeping``: ``run_onset`` without the oracle, with the statistics replaced by a constant (reference kept,
    records aligned, comparisons started and finished, no statistics computed);
-4. ``onset``: ``run_onset`` as it is.
+5. ``onset``: ``run_onset`` as it is.
 
 Each is the minimum of ``--repeats`` runs, interleaved; Python's garbage collector time in the full onset is
 reported too. The differences between the layers are what each adds.
@@ -69,6 +71,17 @@ def main() -> None:
             with Recorder(cand, sites=selected_sites(cand, cfg), sink=_Drop()):
                 greedy(cand, prompts, cfg.new_tokens, forced=tokens)
 
+    import ulptrace.record as record
+
+    real_copy = record._copy
+
+    def hooks_no_copy() -> None:
+        record._copy = lambda t: t
+        try:
+            hooks()
+        finally:
+            record._copy = real_copy
+
     constant = RecordStats(True, 0, 0, {}, 0.0, {})
     real_stats = comparison.pending_stats
 
@@ -82,7 +95,8 @@ def main() -> None:
     def full() -> None:
         onset.run_onset(cfg)
 
-    layers = {"untraced": untraced, "hooks": hooks, "bookkeeping": bookkeeping, "onset": full}
+    layers = {"untraced": untraced, "hooks-no-copy": hooks_no_copy, "hooks": hooks, "bookkeeping": bookkeeping,
+              "onset": full}
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
         run()
     times: dict[str, list[float]] = {name: [] for name in layers}
@@ -110,7 +124,7 @@ def main() -> None:
     out = {"device": args.device, "model": args.model, "torch": torch.__version__, "seconds": best,
            "ratio": {name: t / base for name, t in best.items()}, "gc_s_in_onset": collected[0]}
     for name, t in best.items():
-        print(f"{name:12s} {t:7.3f} s  {t / base:5.2f}x", flush=True)
+        print(f"{name:14s} {t:7.3f} s  {t / base:5.2f}x", flush=True)
     print(f"garbage collection during one onset: {collected[0]:.3f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -731,11 +731,12 @@ class PendingStats:
     waiting in a :class:`StatsBatch` not launched yet) or already known (``value``): read it with
     :func:`resolve_stats`, which waits once for any number of them."""
 
-    __slots__ = ("batch", "buffer", "index", "numel", "value")
+    __slots__ = ("batch", "buffer", "index", "numel", "rows", "value")
 
     def __init__(self, value: RecordStats | None = None, buffer: torch.Tensor | None = None, numel: int = 0,
-                 index: int = 0, batch: StatsBatch | None = None) -> None:
+                 index: int = 0, batch: StatsBatch | None = None, rows: bool = True) -> None:
         self.value, self.buffer, self.numel, self.index, self.batch = value, buffer, numel, index, batch
+        self.rows = rows  # the row-magnitude statistics are wanted (decoded from the buffer)
 
 
 class StatsBatch:
@@ -756,11 +757,12 @@ class StatsBatch:
     def __len__(self) -> int:
         return len(self._pairs)
 
-    def add(self, a: torch.Tensor, b: torch.Tensor, fmt: FloatFormat) -> PendingStats:
-        """Queue the statistics of two same-shape contiguous bit-pattern tensors of ``fmt`` on one CUDA device."""
+    def add(self, a: torch.Tensor, b: torch.Tensor, fmt: FloatFormat, rows: bool = True) -> PendingStats:
+        """Queue the statistics of two same-shape contiguous bit-pattern tensors of ``fmt`` on one CUDA device
+        (``rows=False``: the row-magnitude statistics are left out of the result, as :func:`pending_stats`)."""
         if self._pairs and self._pairs[0][0].device != a.device:
             self.launch()
-        pending = PendingStats(numel=a.numel(), batch=self)
+        pending = PendingStats(numel=a.numel(), batch=self, rows=rows)
         self._pairs.append((a, b, fmt, pending))
         self._bytes += 2 * a.numel() * a.element_size()
         if len(self._pairs) >= self.max_records or self._bytes >= self.max_bytes:
@@ -808,7 +810,7 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
     """Start :func:`record_stats` of ``a`` and ``b``: on CUDA (Triton) the kernel is enqueued and nothing waits
     for it — with ``batch`` (a :class:`StatsBatch`), queued there and launched with other pairs; elsewhere the
     statistics are computed now. ``rows=False``: the row-magnitude statistics are not needed (``max_row_ulp``
-    None, ``row_histogram`` empty, unless the fused kernel computed them anyway). Errors as :func:`record_stats`."""
+    None, ``row_histogram`` empty). Errors as :func:`record_stats`."""
     if a.dtype != b.dtype:
         raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
     fmt = format_of(a.dtype)
@@ -817,7 +819,7 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
     n = a.numel()
     if a.is_cuda and b.device == a.device and n > 0 \
             and _triton_stats() is not None:
-        pair = (bits(a), bits(b), fmt)  # bits() is contiguous
+        pair = (bits(a), bits(b), fmt, rows)  # bits() is contiguous
         if batch is not None:
             return batch.add(*pair)
         single = StatsBatch()
@@ -857,7 +859,7 @@ def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
         host = torch.cat(parts).tolist()
         for p in pending:
             if p.value is None:
-                p.value = _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, True)
+                p.value = _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, p.rows)
                 p.buffer = None
     return [p.value for p in pending]
 

@@ -161,6 +161,9 @@ def test_batched_launches_in_the_triton_interpreter() -> None:
     expected = [_expected(a, b) for _, a, b in pairs]
     for max_records in (7, 512):
         assert _batched(pairs, max_records) == expected, max_records
+    batch = U.StatsBatch()  # a recorded input's statistics: no row statistics in the result
+    pending = [batch.add(U.bits(a), U.bits(b), FORMATS[a.dtype], rows=False) for _, a, b in pairs]
+    assert [tuple(s) for s in resolve_stats(pending)] == [e[:4] + (None, {}) for e in expected]
 
 
 def test_a_launch_names_what_it_cannot_take() -> None:
