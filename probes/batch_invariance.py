@@ -32,9 +32,8 @@ from ulptrace.probes.divergence import (
     locate,
     near_tie,
     row_cells,
-    selection,
 )
-from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, splice_row, torch_dtype
+from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, selection_metadata, splice_row, torch_dtype
 
 SCHEMA = "ulptrace.batch_invariance"
 
@@ -98,8 +97,8 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
     cache_len = None if run.reference_mode == "eager" else run.cache_len or run.prompt_len + run.new_tokens
     model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed)
     prompts = make_prompts(model.config.vocab_size, count, run.prompt_len, run.seed, run.device)
-    sites = selected_sites(model, run)
-    meta = {"selection": selection(run)}
+    sites = selected_sites(model, run, ())  # one path: the reference, at every batch size
+    meta = {"selection": selection_metadata(run, (), steps=False)}
     locate_spent = 0.0
     with apply_path(model, run.reference):
         judge = None
@@ -151,7 +150,7 @@ def resumed_batches(cfg: BatchInvarianceConfig, report: dict[str, Any]
     check_resumable(report, SCHEMA, {
         "model": run.model, "path": run.reference, "mode": run.reference_mode, "seed": run.seed,
         "prompts": [cfg.prompts, run.prompt_len], "new_tokens": run.new_tokens, "device": run.device,
-        "dtype": run.dtype, "located": cfg.locate, "judging": judging(run)})
+        "dtype": run.dtype, "located": cfg.locate, "judging": judging(run, ())})
     out = {}
     for entry in report.get("summary", []):
         batch = entry["batch"]
@@ -181,7 +180,7 @@ def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]
         "dtype": run.dtype,
         "near_tie_rule": NEAR_TIE_RULE,
         "located": cfg.locate,
-        "judging": judging(run),
+        "judging": judging(run, ()),
         "locate_seconds": cfg.locate_seconds,
         "summary": summary,
         "rows": rows,

@@ -29,7 +29,7 @@ import torch
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.oracle.judge import VERDICTS, WORSE_THAN_TIE
 from ulptrace.record import MemorySink, Recorder
-from ulptrace.run import DecodeState, RowSink, Session, greedy, step_from
+from ulptrace.run import DecodeState, RowSink, Session, greedy, selection_metadata, step_from
 
 NEAR_TIE_RULE = ("near-tie: at the first divergent step, the reference's top-1/top-2 logit gap is smaller than the "
                  "largest |logit difference| between the two runs at that step (that row, every vocabulary entry)")
@@ -307,16 +307,15 @@ def locate_from_start(references: dict[int, tuple[Side, int]], candidate: Side, 
     return out
 
 
-def selection(run: Any) -> dict[str, Any]:
-    """The site selection a run records and locates with (``RunConfig`` sites, kinds, layers; steps: all)."""
-    return {"sites": list(run.sites) if run.sites else None, "kinds": list(run.kinds) if run.kinds else None,
-            "layers": run.layers, "steps": None}
-
-
-def judging(run: Any) -> dict[str, Any]:
+def judging(run: Any, candidates: Sequence[str]) -> dict[str, Any]:
     """How rows are located and judged (``judging`` in a report): oracle on or off, the ULP budget of sites
-    without verdicts, and the site selection. Rows resumed or merged from other reports must agree on it."""
-    return {"oracle": run.oracle, "max_ulp": run.max_ulp, **selection(run)}
+    without verdicts, and the site selection (``ulptrace.run.selection_metadata`` over every step; ``observed``
+    only where a path limits observation, so reports from before it was recorded still resume). Rows resumed or
+    merged from other reports must agree on it."""
+    chosen = selection_metadata(run, candidates, steps=False)
+    if chosen["observed"] is None:
+        del chosen["observed"]
+    return {"oracle": run.oracle, "max_ulp": run.max_ulp, **chosen}
 
 
 def check_resumable(report: Any, schema: str, ours: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from ulptrace.comparison import bitwise_equal, compare
 from ulptrace.paths import apply_path
 from ulptrace.probes.divergence import describe_point, onset_object
 from ulptrace.record import Recorder
-from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites
+from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites, selection_metadata
 from ulptrace.trace import Trace
 from ulptrace.ulp import FORMATS, row_ulp_distance, ulp_distance
 
@@ -151,8 +151,7 @@ def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
     max_len = cfg.cache_len or cfg.prompt_len + cfg.new_tokens
     judge = None
     entries: list[dict[str, Any]] = []
-    meta = {"selection": {"sites": list(cfg.sites) if cfg.sites else None,
-                          "kinds": list(cfg.kinds) if cfg.kinds else None, "layers": cfg.layers, "steps": None}}
+    meta = {"selection": selection_metadata(cfg, steps=False)}
     with ExitStack() as stack:
         stack.enter_context(apply_path(ref_model, cfg.reference))
         if cfg.oracle:

@@ -39,9 +39,8 @@ from ulptrace.probes.divergence import (
     locate,
     near_tie,
     row_cells,
-    selection,
 )
-from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, torch_dtype
+from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, selection_metadata, torch_dtype
 
 SCHEMA = "ulptrace.matrix"
 
@@ -121,7 +120,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     cache_len = cfg.cache_len
-    meta = {"selection": selection(run)}
+    meta = {"selection": selection_metadata(run, cfg.candidates, steps=False)}
     budget = {(p, m): cfg.locate_limit if cfg.locate else 0 for p in cfg.candidates for m in cfg.modes}
     done = resumed_checks(cfg, cfg.resume) if cfg.resume is not None else {}
     wanted = [(p, m, a) for p in cfg.candidates for m in cfg.modes for a in range(1, cfg.attempts(m) + 1)]
@@ -143,7 +142,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                      "cache_len": cache_len, "device": run.device, "dtype": run.dtype},
             "near_tie_rule": NEAR_TIE_RULE,
             "located": cfg.locate,
-            "judging": judging(run),
+            "judging": judging(run, cfg.candidates),
             "locate_limit": cfg.locate_limit,
             "locate_seconds": cfg.locate_seconds,
             "summary": totals,
@@ -176,7 +175,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
         cand_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
         timing["build_seconds"] += time.perf_counter() - t0
         prompts_all = make_prompts(ref_model.config.vocab_size, max(cfg.batches), run.prompt_len, seed, run.device)
-        sites = selected_sites(ref_model, run)
+        sites = selected_sites(ref_model, run, cfg.candidates)  # observable on every candidate path
         with apply_path(ref_model, run.reference):
             judge = None
             if run.oracle and cfg.locate:
@@ -250,7 +249,7 @@ def resumed_checks(cfg: MatrixConfig, report: dict[str, Any]) -> dict[tuple, tup
     """
     run = cfg.run
     ours = {"model": run.model, "reference": {"path": run.reference, "mode": run.reference_mode},
-            "located": cfg.locate, "judging": judging(run), "grid.seeds": list(cfg.seeds),
+            "located": cfg.locate, "judging": judging(run, cfg.candidates), "grid.seeds": list(cfg.seeds),
             "grid.batches": list(cfg.batches), "grid.modes": list(cfg.modes), "grid.graph_attempts": cfg.graph_attempts,
             "grid.prompt_len": run.prompt_len, "grid.new_tokens": run.new_tokens, "grid.cache_len": cfg.cache_len,
             "grid.device": run.device, "grid.dtype": run.dtype}

@@ -28,19 +28,12 @@ from ulptrace.run import (
     check_observation,
     first_flip,
     greedy,
-    observation_note,
     run_metadata,
     selected_sites,
+    selection_metadata,
 )
 from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
-
-
-def selection(cfg: RunConfig) -> dict[str, Any]:
-    """The run's site selection, kept in trace metadata: with one, the comparison is not ``complete`` and the
-    onset rules that need every earlier record (``unobserved``, records without inputs) do not apply."""
-    return {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
-            "layers": cfg.layers, "steps": cfg.steps, "observed": observation_note(cfg)}
 
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
@@ -72,7 +65,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
         final_ref: dict[int, torch.Tensor] = {}
-        meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
+        meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
         sites = selected_sites(ref_model, cfg)
         bar.start(f"reference {cfg.reference}", cfg.new_tokens, len(sites))
 
@@ -106,7 +99,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
-            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
+            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
             final_cand: dict[int, torch.Tensor] = {}
             cand_sites = selected_sites(cand_model, cfg)
             bar.start(f"candidate {cfg.candidate}, compared as it runs", cfg.new_tokens, len(cand_sites))
@@ -151,11 +144,11 @@ def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[s
     ref_model, cand_model, prompts = build_pair(cfg)
     steps = parse_range(cfg.steps)
     ref_applied = stack.enter_context(apply_path(ref_model, cfg.reference))
-    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg)}
+    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
     with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
                   metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
         ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len)
-    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg)}
+    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
     with apply_path(cand_model, cfg.candidate) as cand_applied:
         with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
                       metadata={**meta, "path_info": cand_applied.info}) as cand_rec:

@@ -22,7 +22,6 @@ import torch
 from ulptrace import tp as TP
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.paths import apply_path, resolve_path
-from ulptrace.probes.onset import selection
 from ulptrace.record import Recorder
 from ulptrace.run import (
     RunConfig,
@@ -31,6 +30,7 @@ from ulptrace.run import (
     greedy,
     run_metadata,
     selected_sites,
+    selection_metadata,
     torch_dtype,
 )
 from ulptrace.sites import parse_range
@@ -123,7 +123,7 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
                 sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
             gatherer = TP.ShardGatherer(group, cand, sites, sink,
                                         TP.logical_shapes(reference) if group.main else None)
-            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection(cfg),
+            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg),
                     "path_info": applied.info}
             if report is not None:
                 meta["parameters"] = report.checksums
@@ -179,7 +179,7 @@ def _record_reference(cfg: RunConfig, model: Any, prompts: torch.Tensor, steps: 
         f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
     writer = TraceWriter(directory) if directory is not None else None
     final: dict[int, torch.Tensor] = {}
-    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection(cfg), "path_info": applied.info}
+    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg), "path_info": applied.info}
     try:
         with Recorder(model, sites=selected_sites(model, cfg), steps=steps, sink=writer, path=cfg.reference,
                       metadata=meta) as rec:

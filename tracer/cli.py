@@ -265,9 +265,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     import torch
     from ulptrace.models import build_model
     from ulptrace.paths import apply_path, resolve_path
-    from ulptrace.probes.onset import selection
     from ulptrace.record import Recorder
-    from ulptrace.run import greedy, make_prompts, run_metadata, selected_sites, torch_dtype
+    from ulptrace.run import greedy, make_prompts, run_metadata, selected_sites, selection_metadata, torch_dtype
     from ulptrace.sites import parse_range
     from ulptrace.trace import TraceWriter
 
@@ -284,7 +283,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             for stale in writer.removed_stale:
                 report_progress(f"removed {stale.path}: a temporary trace directory of a writer that no longer runs "
                           f"(pid {stale.pid}, {stale.bytes:,} bytes)")
-            meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info, "selection": selection(cfg),
+            meta = {**run_metadata(cfg, prompts, args.mode), "path_info": applied.info, "selection": selection_metadata(cfg),
                     "forced_from": str(Path(args.forced_from).resolve()) if args.forced_from else None}
             with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=writer,
                           path=args.path, metadata=meta) as rec, torch.no_grad():

@@ -592,8 +592,21 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.T
 
 # -- runs of a configuration ---------------------------------------------------------------------
 
-def selected_sites(model: Any, cfg: RunConfig) -> list:
-    """The sites of ``model`` that ``cfg`` selects (globs, kinds, layer range).
+def selection_metadata(cfg: RunConfig, candidates: Sequence[str] | None = None, *, steps: bool = True
+                       ) -> dict[str, Any]:
+    """The site selection a run records with, kept in its traces' metadata (``selection``): sites, kinds, layers,
+    steps (``steps=False``: every step) and ``observed`` (:func:`observation_note`: what the paths let be
+    observed, when one limits it). With any of them set the comparison is not ``complete``, so the onset rules
+    that need every earlier record (``unobserved``, records without inputs) do not apply. ``candidates`` as
+    :func:`observation_limits`."""
+    return {"sites": list(cfg.sites) if cfg.sites else None, "kinds": list(cfg.kinds) if cfg.kinds else None,
+            "layers": cfg.layers, "steps": cfg.steps if steps else None,
+            "observed": observation_note(cfg, candidates)}
+
+
+def selected_sites(model: Any, cfg: RunConfig, candidates: Sequence[str] | None = None) -> list:
+    """The sites of ``model`` that ``cfg`` selects (globs, kinds, layer range), limited to those every path of the
+    run can be observed at (:func:`observation_limits`; ``candidates`` as there).
 
     Raises ``ValueError`` naming what exists (layers, kinds, some site names) when a ``--sites``
     glob matches no site of the model, or the selection as a whole is empty.
@@ -605,14 +618,14 @@ def selected_sites(model: Any, cfg: RunConfig) -> list:
 
     table = site_table(model)
     chosen = select(table, cfg.sites, cfg.kinds, check_range(cfg.layers, "layers"))
-    limited = observation_limits(cfg)
+    limited = observation_limits(cfg, candidates)
     if chosen and limited:  # a path observable only at some sites (torch.compile): both sides record those
         observable = chosen
         for _, restrict in limited:
             observable = restrict(model, observable)
         if not observable:
             raise ValueError(f"the selection has no site that can be observed without changing the numerics of "
-                             f"{observation_note(cfg)} (e.g. --sites 'layers.*.mlp.glu' logits)")
+                             f"{observation_note(cfg, candidates)} (e.g. --sites 'layers.*.mlp.glu' logits)")
         return observable
     if chosen:
         return chosen
@@ -630,27 +643,30 @@ def selected_sites(model: Any, cfg: RunConfig) -> list:
     raise ValueError(f"the selection {', '.join(given) or '(everything)'} matches no site: {has}")
 
 
-def observation_limits(cfg: RunConfig) -> list[tuple[str, Callable[[Any, list], list]]]:
+def observation_limits(cfg: RunConfig, candidates: Sequence[str] | None = None
+                       ) -> list[tuple[str, Callable[[Any, list], list]]]:
     """The paths of ``cfg`` that can be observed without changing their numerics only at some sites, each with
     the function that keeps those sites (a path function's ``observable_sites`` attribute; ``compile`` and
     ``compile:emulate`` have one, see ``ulptrace.thirdparty``). Both sides of a comparison record the same
-    sites, so a limit of either path applies to both."""
+    sites, so a limit of either path applies to both. ``candidates``: the paths compared against the reference
+    when there are several (a matrix; ``()`` for none), instead of ``cfg.candidate``."""
     from ulptrace.paths import resolve_path
 
     out = []
-    for name in dict.fromkeys((cfg.reference, cfg.candidate)):
+    for name in dict.fromkeys((cfg.reference, *((cfg.candidate,) if candidates is None else candidates))):
         restrict = getattr(resolve_path(name), "observable_sites", None)
         if callable(restrict):
             out.append((name, restrict))
     return out
 
 
-def observation_note(cfg: RunConfig) -> str | None:
+def observation_note(cfg: RunConfig, candidates: Sequence[str] | None = None) -> str | None:
     """What the run could observe when a path limits it (the ``observed`` entry of a trace's ``selection``:
-    with one, the comparison is not ``complete``); None when nothing limits it."""
+    with one, the comparison is not ``complete``); None when nothing limits it. ``candidates`` as
+    :func:`observation_limits`."""
     from ulptrace.paths import resolve_path
 
-    limited = observation_limits(cfg)
+    limited = observation_limits(cfg, candidates)
     if not limited:
         return None
     return "; ".join(f"{name}: {getattr(resolve_path(name), 'observed', 'some sites')}" for name, _ in limited)

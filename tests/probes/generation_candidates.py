@@ -94,3 +94,13 @@ def key_drift(model):
                     keys[:, :, -length:] = (keys[:, :, -length:].float() * KEY_DRIFT).to(keys.dtype)
 
     return model.register_forward_hook(hook, with_kwargs=True).remove
+
+
+def key_drift_seen_at_attention(model):
+    """``key_drift``, from a path that can be observed only at the attention cores (as a compiled path can be
+    only at some sites): its ``observable_sites`` keeps those, ``observed`` says so."""
+    return key_drift(model)
+
+
+key_drift_seen_at_attention.observable_sites = lambda model, sites: [s for s in sites if s.kind == "attention"]
+key_drift_seen_at_attention.observed = "the attention cores only (a test path)"

@@ -148,6 +148,28 @@ def test_defects_are_located_at_their_site_and_step(monkeypatch) -> None:
     assert flipped["onset"]["reason"] == "unobserved"  # the keys changed in cache handling, which no site observes
 
 
+def test_a_candidate_observable_at_some_sites_limits_every_recording_and_no_onset_is_called_unobserved(monkeypatch
+                                                                                                       ) -> None:
+    """A candidate path observable only at some sites: the matrix records only those on both sides, its traces
+    say so (``selection.observed``), so the comparison is not complete — the first difference, at an attention
+    core whose keys changed in code no recorded site sees, is not claimed as an ``unobserved`` onset (an
+    unrecorded site may be where it began)."""
+    monkeypatch.syspath_prepend(str(HERE))
+    import generation_candidates
+
+    path = "generation_candidates:key_drift_seen_at_attention"
+    cfg = MatrixConfig(RunConfig(model="tiny-qwen3.5", prompt_len=16, new_tokens=4), candidates=[path],
+                       seeds=[1], batches=[2], modes=["static"])
+    report = run_matrix(cfg)
+    assert report["judging"]["observed"] == f"{path}: {generation_candidates.key_drift_seen_at_attention.observed}"
+    flipped = [r for r in report["rows"] if not r["token_exact"]]
+    assert flipped, "the key drift flips a row"
+    for row in flipped:
+        assert row["onset"] is None, row["onset"]
+        first = row["first_difference"]
+        assert first is not None and first["kind"] == "attention" and first["site"].endswith("self_attn.core"), first
+
+
 def test_graph_mode_on_cpu_exits_2_with_one_line(capsys) -> None:
     assert main(["matrix", "--candidate", "hf", "--modes", "eager", "graph"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
