@@ -43,13 +43,10 @@ def main() -> None:
     from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
     from ulptrace.ulp import PendingStats, RecordStats
 
+    from bench_trace import workload_arguments  # this folder: run as python bench/bench_p1_parts.py
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default="tiny-qwen3.5")
-    p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=16)
+    workload_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()

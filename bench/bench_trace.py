@@ -143,16 +143,22 @@ def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
             "share_of_copy": (read / t_stats) / (2 * a.numel() * a.element_size() / 1e9 / t_copy)}
 
 
-def main() -> None:
-    from ulptrace.run import RunConfig
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The traced work both benchmarks of tracing take (this one and ``bench_p1_parts.py``): device, model,
+    candidate path, prompts, prompt length, decode steps."""
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", default="tiny-qwen3.5")
     p.add_argument("--candidate", default="kernels:fused")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=16)
+
+
+def main() -> None:
+    from ulptrace.run import RunConfig
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    workload_arguments(p)
     p.add_argument("--oracle-prompt-len", type=int, default=32)
     p.add_argument("--oracle-new-tokens", type=int, default=4)
     p.add_argument("--stats-mib", type=int, default=64)
