@@ -152,6 +152,44 @@ def _batched(pairs, max_records):
     return [tuple(s) for s in resolve_stats(pending)]
 
 
+def test_a_batch_groups_launches_by_format_and_width_and_reads_each_pair_from_its_slot(monkeypatch) -> None:
+    """The batching itself, without Triton (CI): each launch gets pairs of one format and one tile width, at most
+    ``MAX_RECORDS``, and slot numbers into the batch's slab; a launch computing each slot with the compiled CPU
+    pass gives every pair the reference definitions' statistics, whatever the batch size, and a batch fills,
+    launches and empties at ``max_records`` and at ``max_bytes``."""
+    from ulptrace import _ulp_cpu, _ulp_triton
+
+    assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
+    launches = []
+
+    def launch(pairs, fmt, out):
+        widths = {_ulp_triton.tile_columns(a.shape[-1] if a.dim() else 1) for a, _, _ in pairs}
+        assert len(widths) == 1 and 0 < len(pairs) <= _ulp_triton.MAX_RECORDS
+        assert all(a.dtype == fmt.int_dtype and b.dtype == fmt.int_dtype for a, b, _ in pairs)
+        for a, b, slot in pairs:
+            out[slot] += torch.tensor(_ulp_cpu.stats(a, b, fmt, rows=True))
+        launches.append((fmt.name, widths.pop(), len(pairs)))
+
+    monkeypatch.setattr(_ulp_triton, "launch_records", launch)
+    pairs = _mixed_pairs()
+    expected = [_expected(a, b) for _, a, b in pairs]
+    groups = {(str(a.dtype), _ulp_triton.tile_columns(a.shape[-1] if a.dim() else 1)) for _, a, b in pairs}
+    for max_records in (1, 7, 512):
+        launches.clear()
+        assert _batched(pairs, max_records) == expected, max_records
+        assert sum(n for *_, n in launches) == len(pairs)
+        if max_records == 512:  # one batch: one launch per format and width
+            assert len(launches) == len(groups)
+    launches.clear()
+    batch = U.StatsBatch(max_bytes=1)  # every pair exceeds the bytes it may hold: launched as it arrives
+    pending = [batch.add(U.bits(a), U.bits(b), FORMATS[a.dtype]) for _, a, b in pairs[:5]]
+    assert len(batch) == 0 and [n for *_, n in launches] == [1] * 5
+    assert [tuple(s) for s in resolve_stats(pending)] == expected[:5]
+    batch = U.StatsBatch()  # a recorded input's statistics: no row statistics in the result
+    pending = [batch.add(U.bits(a), U.bits(b), FORMATS[a.dtype], rows=False) for _, a, b in pairs]
+    assert [tuple(s) for s in resolve_stats(pending + pending[:3])] == [e[:4] + (None, {}) for e in expected + expected[:3]]
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
 def test_batched_launches_in_the_triton_interpreter() -> None:
     """Pairs of several formats and tile widths share launches (one per format and width, a binary search finds a
