@@ -70,7 +70,6 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> tuple[list[in
 # time, more than the kernel itself on a small record).
 RECORD_SLOTS = 32
 RECORD_LAYOUT = {"codes": (0, 19), "bits_differ": 19, "max_ulp": 20, "row_codes": (21, 30), "max_row_bits": 30}
-ENTRY = 6  # int64 per record in a launch's table: a's address, b's address, rows, columns, result slot, first tile
 SEARCH = 9  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
 MAX_RECORDS = 1 << SEARCH
 TILES = (16, 128, 1024)  # columns of a tile (short, medium and long rows): few kernel variants per run
@@ -97,7 +96,8 @@ if AVAILABLE:
     def _records_kernel(table_ptr, n_records, out_ptr, ELEM: tl.constexpr, MAG: tl.constexpr,
                         MAXF: tl.constexpr, LIMIT: tl.constexpr, MANT: tl.constexpr, BIAS: tl.constexpr,
                         WIDE: tl.constexpr, R: tl.constexpr, C: tl.constexpr, STEPS: tl.constexpr):
-        # the program's record: the last entry whose first tile is at or before the program (binary search)
+        # a launch's table: 6 int64 per record (a's address, b's address, rows, columns, result slot, first tile);
+        # the program's record is the last entry whose first tile is at or before the program (binary search)
         pid = tl.program_id(0).to(tl.int64)
         lo = pid * 0
         hi = lo + n_records
@@ -196,7 +196,7 @@ def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any
             raise ValueError(f"one launch serves one tile width, but got rows of {cols} and {width} columns")
         cols = width
         n_rows = a.numel() // max(n_cols, 1)
-        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)
+        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)  # the kernel's 6 int64 per record
         tiles += -(-n_rows // (2048 // width))
     cuda = out.is_cuda
     host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
@@ -206,14 +206,3 @@ def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any
         MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
         WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=2048 // cols, C=cols, STEPS=SEARCH, num_warps=8)
 
-
-def record_stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> torch.Tensor:
-    """The statistics of one pair (see :func:`launch_records`) enqueued alone; returns its int64 buffer of
-    ``RECORD_SLOTS``. No host synchronisation.
-
-    Raises:
-        ImportError: Triton is not installed.
-    """
-    out = torch.zeros(1, RECORD_SLOTS, dtype=torch.int64, device=bits_a.device)
-    launch_records([(bits_a.contiguous(), bits_b.contiguous(), 0)], fmt, out)
-    return out[0]

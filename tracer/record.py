@@ -222,7 +222,7 @@ class Recorder:
         self.step = -1
         self._handles: list[Any] = []
         self._buffer: dict[str, torch.Tensor] = {}
-        self._copies: dict[int, tuple[Any, int, Any]] = {}
+        self._copies: dict[int, tuple[Any, int, Any]] = {}  # id(observed) -> (it, its version, its copy), weakly
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
         self._by_out: dict[str, list[Site]] = defaultdict(list)
@@ -439,7 +439,7 @@ class Recorder:
         if not self._capturing:  # a captured step counts when it is replayed
             self.step += 1
         self._buffer, self._left = {}, {}
-        self._copies: dict[int, tuple[Any, int, Any]] = {}  # id(observed) -> (it, its version, its copy), weakly
+        self._copies = {}
         self._calls = defaultdict(int)
 
     def _recording(self) -> bool:

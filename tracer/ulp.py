@@ -852,9 +852,8 @@ def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
     for p in pending:
         if p.value is None and id(p.buffer) not in slabs:
             slabs[id(p.buffer)] = rows
-            part = p.buffer.reshape(-1, p.buffer.shape[-1])
-            parts.append(part)
-            rows += part.shape[0]
+            parts.append(p.buffer)
+            rows += p.buffer.shape[0]
     if parts:
         host = torch.cat(parts).tolist()
         for p in pending:

@@ -112,13 +112,9 @@ def test_pending_stats_resolve_in_order_and_name_bad_input() -> None:
 
 
 def _fused(a, b):
-    """The Triton kernel's result for CPU tensors (interpreter) or CUDA tensors, decoded like resolve_stats."""
-    from ulptrace import _ulp_triton
-
-    fmt = FORMATS[a.dtype]
-    a, b = a.contiguous(), b.contiguous()
-    buffer = _ulp_triton.record_stats(U.bits(a), U.bits(b), fmt)
-    return tuple(resolve_stats([U.PendingStats(buffer=buffer, numel=a.numel())])[0])
+    """The Triton kernel's result for one pair of CPU tensors (interpreter) or CUDA tensors, launched alone."""
+    pending = U.StatsBatch().add(U.bits(a), U.bits(b), FORMATS[a.dtype])
+    return tuple(resolve_stats([pending])[0])
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
