@@ -43,13 +43,16 @@ def main() -> None:
     from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
     from ulptrace.ulp import PendingStats, RecordStats
 
-    from bench_trace import workload_arguments  # this folder: run as python bench/bench_p1_parts.py
+    from bench_trace import check_workload, workload_arguments  # this folder: run as python bench/bench_p1_parts.py
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()
+    check_workload(p, args)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
     built = build_pair(cfg)

@@ -154,6 +154,22 @@ def workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=16)
 
 
+def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a workload that names nothing or cannot run, with one line (``p.error``), before any model is built:
+    an unknown model or path, a device or count the run layer rejects."""
+    from ulptrace.models import check_model
+    from ulptrace.paths import resolve_path
+    from ulptrace.run import RunConfig
+
+    try:
+        check_model(args.model)
+        resolve_path(args.candidate)
+        RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
+                  prompt_len=args.prompt_len, new_tokens=args.new_tokens).validate()
+    except (KeyError, ValueError) as exc:
+        p.error(str(exc.args[0] if exc.args else exc))
+
+
 def main() -> None:
     from ulptrace.run import RunConfig
 
@@ -168,6 +184,7 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--profile", help="write cProfile's top functions of the warm P1 run to this file")
     args = p.parse_args()
+    check_workload(p, args)
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__}
