@@ -30,6 +30,7 @@ by thousands of its own ULPs when its inputs move by one, which is nothing for i
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -153,6 +154,11 @@ def without_cache_padding(record: Record) -> Record:
     return Record(record.site, record.step, record.kind, record.layer, record.out, inputs)
 
 
+@functools.cache
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
     """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
     pending = start_diff(reference, candidate, judge)
@@ -225,7 +231,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
-                           list(ref.shape), str(ref.dtype).removeprefix("torch."), note, stats, inputs)
+                           list(ref.shape), _dtype_name(ref.dtype), note, stats, inputs)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending

@@ -39,7 +39,7 @@ import sys
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from ulptrace.families import is_gated_deltanet
@@ -100,7 +100,11 @@ class MemorySink:
         if where not in self._budget:  # bytes this sink may still keep there
             total = torch.cuda.get_device_properties(where).total_memory
             self._budget[where] = int(self.AUTO_SHARE * total) - torch.cuda.memory_allocated(where)
-        size = sum(t.nbytes for t in {id(t): t for t in (record.out, *record.inputs.values())}.values())
+        size, seen = record.out.nbytes, {id(record.out)}
+        for t in record.inputs.values():  # a tensor in several roles counts once
+            if id(t) not in seen:
+                seen.add(id(t))
+                size += t.nbytes
         if size > self._budget[where]:
             return False
         self._budget[where] -= size
@@ -176,18 +180,68 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
 
     Two paths of the same model must hold the same parameters; a kernel that caches a converted or
     stale copy shows up as a differing checksum (``Comparison.parameters``). Computed on the
-    parameters' device, one reduction each. A tensor-parallel parameter (a DTensor) is fingerprinted
+    parameters' device, one reduction each, read back together (one synchronisation per device). A tensor-parallel parameter (a DTensor) is fingerprinted
     whole, so it compares with the unsharded model's: gathering it is a collective, so every rank of the
     model's process group must call this (``ulptrace.tp`` checks each rank's shard on its own).
     """
     from ulptrace.ulp import bits
 
-    out = {}
+    shapes, sums = [], []
     for name, p in model.named_parameters(remove_duplicate=True):
         p = p.full_tensor() if hasattr(p, "full_tensor") else p
-        total = int(bits(p.detach()).to(torch.int64).sum()) if p.numel() else 0
-        out[name] = f"{str(p.dtype).removeprefix('torch.')}:{'x'.join(map(str, p.shape))}:{total}"
-    return out
+        shapes.append((name, f"{str(p.dtype).removeprefix('torch.')}:{'x'.join(map(str, p.shape))}"))
+        # exact in int64 in any order, without an int64 copy of the parameter
+        sums.append(bits(p.detach()).sum(dtype=torch.int64) if p.numel() else None)
+    totals: dict[int, int] = {}
+    by_device: dict[torch.device, list[int]] = defaultdict(list)
+    for i, total in enumerate(sums):
+        if total is not None:
+            by_device[total.device].append(i)
+    for indices in by_device.values():
+        totals.update(zip(indices, torch.stack([sums[i] for i in indices]).tolist()))
+    return {name: f"{head}:{totals.get(i, 0)}" for i, (name, head) in enumerate(shapes)}
+
+
+class _Emitter:
+    """What a site's record is made of, resolved once per recorder: its name, kind and layer, the buffer keys of
+    its kept inputs (role, key), and every observation it reads (key, whether the key stays to the step's end)."""
+
+    __slots__ = ("inputs", "kind", "layer", "name", "reads")
+
+    def __init__(self, site: Site, keep_inputs: bool, to_step_end: set[str]) -> None:
+        self.name, self.kind, self.layer = site.name, site.kind, site.layer
+        self.inputs = tuple((role, o.key) for role, o in site.inputs.items()) if keep_inputs else ()
+        reads = {site.out.key, *(key for _, key in self.inputs)}
+        self.reads = tuple((key, key in to_step_end) for key in sorted(reads))
+
+
+class _Entry(NamedTuple):
+    """One needed observation: its buffer key, how many sites read it, the sites whose output it is."""
+
+    key: str
+    uses: int
+    emitters: tuple[_Emitter, ...]
+
+
+def _observation_plan(sites: Sequence[Site], needed: set[Obs], keep_inputs: bool) -> dict[str, dict[str, _Entry]]:
+    """module path -> what is observed there -> its ``_Entry``: the recorder's hooks look each value up once.
+
+    A copy leaves the buffer once every site that reads it has emitted, so the recorder holds only what a later
+    site still needs, not a whole step — except the first argument of a module whose residual is observed (its
+    post-hook may read it as the residual), kept to the step's end."""
+    to_step_end = {f"{o.module}:in0" for o in needed if o.at == "residual"}
+    emitters = [(site, _Emitter(site, keep_inputs, to_step_end)) for site in sites]
+    uses: dict[str, int] = defaultdict(int)
+    for _, emitter in emitters:
+        for key, _ in emitter.reads:
+            uses[key] += 1
+    by_out: dict[str, list[_Emitter]] = defaultdict(list)
+    for site, emitter in emitters:
+        by_out[site.out.key].append(emitter)
+    plan: dict[str, dict[str, _Entry]] = defaultdict(dict)
+    for obs in needed:
+        plan[obs.module][obs.at] = _Entry(obs.key, uses[obs.key], tuple(by_out.get(obs.key, ())))
+    return dict(plan)
 
 
 class Recorder:
@@ -225,25 +279,13 @@ class Recorder:
         self._copies: dict[int, tuple[Any, int, Any]] = {}  # id(observed) -> (it, its version, its copy), weakly
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
-        self._by_out: dict[str, list[Site]] = defaultdict(list)
-        for site in self.sites:
-            self._by_out[site.out.key].append(site)
         self._needed: set[Obs] = {s.out for s in self.sites}
         if keep_inputs:
             self._needed |= {o for s in self.sites for o in s.inputs.values()}
-        # how many sites read each observation (output or input): a copy leaves the buffer once all of them have
-        # emitted, so the recorder holds only what a later site still needs, not a whole step (except the first
-        # argument of a module whose residual is observed: its post-hook may read it as the residual)
-        self._to_step_end = {f"{o.module}:in0" for o in self._needed if o.at == "residual"}
-        self._reads = {site.name: self._site_keys(site) for site in self.sites}
-        self._uses: dict[str, int] = defaultdict(int)
-        for keys in self._reads.values():
-            for key in keys:
-                self._uses[key] += 1
-        self._left: dict[str, int] = {}
         # a post-attention norm's residual falls back to its input when it returns one tensor
         self._needed |= {Obs(o.module, "in0") for o in self._needed if o.at == "residual"}
-        self._keys = {(o.module, o.at): o.key for o in self._needed}  # the buffer key of each needed observation
+        self._plan = _observation_plan(self.sites, self._needed, keep_inputs)
+        self._left: dict[str, int] = {}
         self._tapped: set[tuple[int, str]] = set()
         self._paths: dict[int, str] | None = None
         self._active = False
@@ -563,20 +605,27 @@ class Recorder:
                       if Obs(path, at) in self._needed}
             self._queue.append(("obs", path, needed))
             return
+        plan = self._plan.get(path)
+        if plan is None:
+            return
+        buffer, left = self._buffer, self._left
         fired = []
         for at, value in values.items():
-            key = self._keys.get((path, at))  # None: nobody reads this observation
-            if key is None:
+            entry = plan.get(at)  # None: nobody reads this observation
+            if entry is None:
                 continue
+            key = entry.key
             if value is None:
-                self._buffer.pop(key, None)
+                buffer.pop(key, None)
                 continue
-            self._buffer[key] = self._copy_once(value)
-            self._left[key] = self._uses[key]
-            fired.append(key)
-        for key in fired:
-            for site in self._by_out.get(key, ()):
-                self._emit(site, self._buffer[key], path)
+            buffer[key] = self._copy_once(value)
+            left[key] = entry.uses
+            if entry.emitters:
+                fired.append(entry)
+        for entry in fired:
+            out = buffer[entry.key]
+            for emitter in entry.emitters:
+                self._emit(emitter, out, path)
 
     def _copy_once(self, value: torch.Tensor) -> torch.Tensor:
         """A copy of ``value``: the one made earlier in this step when the same tensor, unchanged since (its version
@@ -594,26 +643,25 @@ class Recorder:
         self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy))
         return copy
 
-    def _emit(self, site: Site, out: torch.Tensor, path: str) -> None:
-        call = self._calls[path]
-        name = site.name if call == 0 else f"{site.name}#{call}"
-        inputs: dict[str, torch.Tensor] = {}
+    def _emit(self, site: _Emitter, out: torch.Tensor, path: str) -> None:
+        call = self._calls.get(path, 0)
         buffer = self._buffer
-        if self.keep_inputs:
-            for role, obs in site.inputs.items():
-                value = buffer.get(obs.key)
-                if value is not None:
-                    inputs[role] = value
-        record = Record(name, self.step, site.kind, site.layer, out, inputs)
+        inputs: dict[str, torch.Tensor] = {}
+        for role, key in site.inputs:
+            value = buffer.get(key)
+            if value is not None:
+                inputs[role] = value
+        record = Record(site.name if call == 0 else f"{site.name}#{call}", self.step, site.kind, site.layer, out,
+                        inputs)
         if self._capturing:  # graph buffers: kept for the replays
             self._templates.append(record)
             return
         self.sink.add(record)
         left = self._left
-        for key in self._reads[site.name]:
+        for key, to_step_end in site.reads:
             count = left.get(key)
             if count is not None:
-                if count <= 1 and key not in self._to_step_end:
+                if count <= 1 and not to_step_end:
                     del left[key]
                     buffer.pop(key, None)
                 else:
@@ -623,10 +671,3 @@ class Recorder:
         """The observations (``module:at``) the recorder still holds a copy of: those a site that has not emitted
         yet in this step reads, and the first argument of modules whose residual is observed."""
         return sorted(self._buffer)
-
-    def _site_keys(self, site: Site) -> set[str]:
-        """The observations ``site``'s records read (its output, and its inputs when they are kept)."""
-        keys = {site.out.key}
-        if self.keep_inputs:
-            keys |= {o.key for o in site.inputs.values()}
-        return keys

@@ -526,6 +526,9 @@ def format_histogram(histogram: dict[str, int]) -> str:
 
 # -- bit patterns and row magnitude --------------------------------------------------------------
 
+_INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> bit patterns' dtype
+
+
 def bits(t: torch.Tensor, *, canonical_nan: bool = False) -> torch.Tensor:
     """The bit patterns of a floating tensor as integers of its width (so NaN == NaN and -0 != +0);
     other dtypes are returned as they are.
@@ -537,8 +540,7 @@ def bits(t: torch.Tensor, *, canonical_nan: bool = False) -> torch.Tensor:
     """
     if not t.dtype.is_floating_point:
         return t
-    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    out = t.contiguous().view(width)
+    out = t.contiguous().view(_INT_OF_WIDTH[t.element_size()])
     if canonical_nan:
         out = torch.where(torch.isnan(t), torch.full_like(out, -1), out)
     return out
