@@ -2,6 +2,10 @@
 models (issue 11: "where a goal is not reached, say what bounds it — measure it").
 
 1. ``untraced``: the reference generation and the candidate's forced generation, no recorder;
+1a. ``dispatch``: both runs with recorders whose observations are dropped as they arrive (hook dispatch and the
+   hooks' reading of arguments only: no copy, no record);
+1b. ``clones``: the same, each needed observed value copied as the recorder copies it (once per tensor while it is
+   unchanged) and dropped: the copies without records or buffers — the floor of a design that copies observations;
 2. ``hooks-no-copy``: both runs with recorders whose sink drops every record, observed tensors not copied (hook
    dispatch, the recorder's own work, records made) — a diagnostic layer, not a usable mode;
 3. ``hooks``: the same with the copies (one per observed tensor while it is unchanged);
@@ -74,6 +78,26 @@ def main() -> None:
     import ulptrace.record as record
 
     real_copy = record._copy
+    real_observe = Recorder._observe
+
+    def observing(observe) -> None:  # noqa: ANN001 - the bench swaps the recorder's per-observation work
+        Recorder._observe = observe
+        try:
+            hooks()
+        finally:
+            Recorder._observe = real_observe
+
+    def dispatch() -> None:
+        observing(lambda self, path, values: None)
+
+    def clone_needed(self, path, values) -> None:  # noqa: ANN001
+        plan = self._plan.get(path, {})
+        for at, value in values.items():
+            if value is not None and at in plan:
+                self._copy_once(value)
+
+    def clones() -> None:
+        observing(clone_needed)
 
     def hooks_no_copy() -> None:
         record._copy = lambda t: t
@@ -95,7 +119,7 @@ def main() -> None:
     def full() -> None:
         onset.run_onset(cfg)
 
-    layers = {"untraced": untraced, "hooks-no-copy": hooks_no_copy, "hooks": hooks, "bookkeeping": bookkeeping,
+    layers = {"untraced": untraced, "dispatch": dispatch, "clones": clones, "hooks-no-copy": hooks_no_copy, "hooks": hooks, "bookkeeping": bookkeeping,
               "onset": full}
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
         run()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the streaming-comparison speed (issue 11, P1): install, build the kernels, the tracer's GPU
 # tests (TESTS=none: none), the tracing benchmark on the 0.8B shape with a profile and the onsets' JSON reports, and
-# P1 split into its layers (bench_p1_parts.py).
+# P1 split into its layers (bench_p1_parts.py), and the host cost of one observation's operations (bench_launch.py).
 # Logs and JSON under $OUT.
 # With .base/ carried (`git archive <commit> tracer probes kernels | tar -x -C .base`, git-ignored) the reports of that
 # commit's package are written first, before this tree is installed (to $OUT/base_reports), for an identity check.
@@ -18,6 +18,7 @@ python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail
 if [ "${TESTS:-}" != none ]; then
     python3 -m pytest -m gpu ${TESTS:-tests/tracer} -q -p no:cacheprovider -rf --tb=short 2>&1 | tee $OUT/gpu_tests.log | tail -8
 fi
+python3 bench/bench_launch.py --device cuda --json $OUT/launch.json 2>&1 | tee $OUT/launch.log
 python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
     --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
 python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --json $OUT/p1_parts.json 2>&1 | grep -v Warn \
