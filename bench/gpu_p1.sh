@@ -21,7 +21,7 @@ fi
 python3 bench/bench_launch.py --device cuda --json $OUT/launch.json 2>&1 | tee $OUT/launch.log
 python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
     --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
-python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --json $OUT/p1_parts.json 2>&1 | grep -v Warn \
+python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} --json $OUT/p1_parts.json 2>&1 | grep -v Warn \
     | tee $OUT/p1_parts.log
 if [ -d $OUT/base_reports ]; then
     for f in P1-no-oracle P3-oracle; do cmp $OUT/base_reports/$f.json $OUT/reports/$f.json && echo "$f identical to the base"; done

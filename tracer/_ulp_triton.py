@@ -32,19 +32,35 @@ if AVAILABLE:
     @triton.jit
     def _kernel(a_ptr, b_ptr, counts_ptr, max_ptr, n, MAG: tl.constexpr, LIMIT: tl.constexpr,
                 WIDE: tl.constexpr, BLOCK: tl.constexpr):
-        offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < n
-        xa = tl.load(a_ptr + offsets, mask=inside, other=0).to(WIDE)
-        xb = tl.load(b_ptr + offsets, mask=inside, other=0).to(WIDE)
-        nan, distance = _distance(xa, xb, xa & MAG, xb & MAG, LIMIT)
-        code = tl.where(nan, 18, tl.minimum(distance, 17))
-        code = tl.where(inside, code, 19).to(tl.int32)
-        tl.atomic_add(counts_ptr + tl.arange(0, 32), tl.histogram(code, 32).to(tl.int64))  # int64: n may pass 2**31
-        tl.atomic_max(max_ptr, tl.max(tl.where(nan | ~inside, 0, distance), axis=0).to(tl.int64))
+        # grid-stride: each program walks blocks pid, pid + programs, ... accumulating its histogram and maximum in
+        # registers, and adds them to the global counters once (one atomic per counter per program, not per block)
+        pid = tl.program_id(0).to(tl.int64)
+        stride = tl.num_programs(0).to(tl.int64) * BLOCK
+        hist = tl.zeros([32], dtype=tl.int64)  # int64: a program's share of n may pass 2**31
+        top = tl.zeros([BLOCK], dtype=WIDE)
+        for start in range(pid * BLOCK, n, stride):
+            offsets = start + tl.arange(0, BLOCK)
+            inside = offsets < n
+            xa = tl.load(a_ptr + offsets, mask=inside, other=0).to(WIDE)
+            xb = tl.load(b_ptr + offsets, mask=inside, other=0).to(WIDE)
+            nan, distance = _distance(xa, xb, xa & MAG, xb & MAG, LIMIT)
+            code = tl.where(nan, 18, tl.minimum(distance, 17))
+            code = tl.where(inside, code, 19).to(tl.int32)
+            hist += tl.histogram(code, 32).to(tl.int64)
+            top = tl.maximum(top, tl.where(nan | ~inside, 0, distance))
+        tl.atomic_add(counts_ptr + tl.arange(0, 32), hist)
+        tl.atomic_max(max_ptr, tl.max(top, axis=0).to(tl.int64))
 
 
-def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> tuple[list[int], int]:
+PROGRAMS_PER_SM = 16  # ulp_stats' grid: enough programs to keep every SM's loads in flight, few global atomics
+
+
+def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs: int | None = None
+          ) -> tuple[list[int], int]:
     """(19 code counts, max finite distance) of two bit-pattern tensors of one integer dtype on CUDA.
+
+    One launch of at most ``PROGRAMS_PER_SM`` programs per multiprocessor (``max_programs`` caps it: tests use it
+    to make each program walk several blocks).
 
     Raises:
         ImportError: Triton is not installed.
@@ -57,8 +73,13 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any) -> tuple[list[in
     maximum = torch.zeros(1, dtype=torch.int64, device=a.device)
     block = 4096
     wide = tl.int64 if fmt.bits > 16 else tl.int32
-    _kernel[(triton.cdiv(n, block),)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
-                                      BLOCK=block, num_warps=8)
+    programs = triton.cdiv(n, block)
+    if a.is_cuda:
+        programs = min(programs, PROGRAMS_PER_SM * torch.cuda.get_device_properties(a.device).multi_processor_count)
+    if max_programs is not None:
+        programs = min(programs, max_programs)
+    _kernel[(max(programs, 1),)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
+                                 BLOCK=block, num_warps=8)
     return counts[:19].tolist(), int(maximum.item())
 
 

@@ -636,9 +636,9 @@ class UlpStats(NamedTuple):
 
 
 def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
-    """The ULP statistics of two same-shape tensors of one dtype, on their device, touching as little as
-    possible: one bit-pattern comparison (and a NaN count) when they are bitwise equal; otherwise the
-    distances of the *differing* elements only. Equal to ``ulp_histogram(ulp_distance(a, b))`` with
+    """The ULP statistics of two same-shape tensors of one dtype, on their device, in one read of both: the
+    compiled CPU pass or the fused CUDA kernel (Triton) where available; elsewhere one bit-pattern comparison (and a
+    NaN count) when they are bitwise equal, the distances of the *differing* elements otherwise. Equal to ``ulp_histogram(ulp_distance(a, b))`` with
     ``differing = numel - histogram["0"]`` and ``max_ulp`` the largest finite distance (tested).
 
     Raises:
@@ -651,8 +651,10 @@ def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
     ba, bb = bits(a), bits(b)
-    compiled = a.device.type == "cpu" and a.numel() and _cpu_stats() is not None  # it counts equal NaNs alike
-    if not compiled and torch.equal(ba, bb):
+    # a one-pass kernel (the compiled CPU pass, the fused CUDA one) reads equal tensors once and counts their NaNs as
+    # _equal_stats does, so it needs no equality pass first
+    fused = a.numel() and (_cpu_stats() if a.device.type == "cpu" else _triton_stats() if a.is_cuda else None)
+    if not fused and torch.equal(ba, bb):
         return _equal_stats(a)
     return _differing_stats(a, ba, bb)
 

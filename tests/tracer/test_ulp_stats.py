@@ -92,3 +92,41 @@ def test_grouped_histograms_equal_one_histogram_per_group() -> None:
         assert got[g] == ulp_histogram(d.distance[hit], d.nan[hit]), g
     with pytest.raises(ValueError, match=r"groups must have the distances' shape \(5000,\), but got \(3,\)"):
         grouped_histograms(d, groups[:3], 5)
+
+
+def _grid_stride_case(dtype):
+    gen = torch.Generator().manual_seed(3)
+    n = 4 * 4096 + 77  # five blocks: with two programs, each walks two or three of them
+    a = torch.randn(n, generator=gen).mul(4).to(dtype)
+    b = a.clone()
+    idx = torch.randint(0, n, (n // 5,), generator=gen)
+    b[idx] = (a[idx].float() * (1 + 0.3 * torch.randn(idx.numel(), generator=gen))).to(dtype)
+    a[:3], b[1:4], a[5], b[5] = float("nan"), float("nan"), 0.0, -0.0
+    b[-1] = -a[-1].float() if a[-1].float() != 0 else 1.0  # the last (partial) block differs too
+    return a, b
+
+
+def _fused_ulp_stats(a, b, **kw):
+    from ulptrace import _ulp_triton
+
+    c, top = _ulp_triton.stats(U.bits(a), U.bits(b), FORMATS[a.dtype], **kw)
+    return a.numel() - c[0], top, U._buckets(c)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn], ids=str)
+def test_grid_stride_kernel_in_the_triton_interpreter(dtype) -> None:
+    """Each program of ulp_stats' kernel walks several blocks and adds its counts once: equal to the definition."""
+    pytest.importorskip("triton")
+    a, b = _grid_stride_case(dtype)
+    assert _fused_ulp_stats(a, b, max_programs=2) == _reference(a, b)
+    assert _fused_ulp_stats(a, b) == _reference(a, b)  # one block per program
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_grid_stride_kernel_on_the_gpu(dtype) -> None:
+    a, b = _grid_stride_case(dtype)
+    expected = _reference(a, b)
+    for programs in (1, 2, 3, None):
+        assert _fused_ulp_stats(a.cuda(), b.cuda(), max_programs=programs) == expected, programs
