@@ -194,7 +194,8 @@ def tile_columns(n_cols: int) -> int:
 
 def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any, out: torch.Tensor) -> None:
     """Enqueue the statistics of record pairs of one float format and one tile width (:func:`tile_columns`) in one
-    launch: ``pairs`` are (a's bit patterns, b's, result slot), same-shape contiguous tensors on ``out``'s device
+    launch: ``pairs`` are (a, b, result slot), same-shape contiguous tensors on ``out``'s device whose memory is read
+    as the format's bit patterns (the values or a bit-pattern view of them)
     (rows are the last dimension); slot ``s``'s results are added into ``out[s]`` (int64, ``RECORD_SLOTS`` per slot,
     zeroed by the caller). No host synchronisation: the launch's table reaches the device by an asynchronous copy.
     The tensors must stay alive and unchanged until the kernel has run (the caller's stream orders it).

@@ -762,7 +762,8 @@ class StatsBatch:
         return len(self._pairs)
 
     def add(self, a: torch.Tensor, b: torch.Tensor, fmt: FloatFormat, rows: bool = True) -> PendingStats:
-        """Queue the statistics of two same-shape contiguous bit-pattern tensors of ``fmt`` on one CUDA device
+        """Queue the statistics of two same-shape contiguous tensors of ``fmt`` (its values or their bit patterns:
+        the kernel reads the memory as ``fmt``'s bit patterns) on one CUDA device
         (``rows=False``: the row-magnitude statistics are left out of the result, as :func:`pending_stats`)."""
         if self._pairs and self._pairs[0][0].device != a.device:
             self.launch()
@@ -823,7 +824,8 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
     n = a.numel()
     if a.is_cuda and b.device == a.device and n > 0 \
             and _triton_stats() is not None:
-        pair = (bits(a), bits(b), fmt, rows)  # bits() is contiguous
+        # the kernel reads bit patterns through typed pointers: a contiguous tensor serves as it is (no view made)
+        pair = (a.contiguous(), b.contiguous(), fmt, rows)
         if batch is not None:
             return batch.add(*pair)
         single = StatsBatch()
