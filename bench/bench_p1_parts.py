@@ -13,8 +13,8 @@ models (issue 11: "where a goal is not reached, say what bounds it — measure i
    records aligned, comparisons started and finished, no statistics computed);
 5. ``onset``: ``run_onset`` as it is.
 
-Each is the minimum of ``--repeats`` runs, interleaved; Python's garbage collector time in the full onset is
-reported too. The differences between the layers are what each adds.
+Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
+many of its collections were full ones) is reported too. The differences between the layers are what each adds.
 
     python bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
 """
@@ -124,32 +124,37 @@ def main() -> None:
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
         run()
     times: dict[str, list[float]] = {name: [] for name in layers}
-    for _ in range(args.repeats):
-        for name, run in layers.items():
-            _sync(args.device)
-            t0 = time.perf_counter()
-            run()
-            _sync(args.device)
-            times[name].append(time.perf_counter() - t0)
-    collected = [0.0]
-    started = [0.0]
+    collected: dict[str, list[float]] = {name: [0.0, 0] for name in layers}  # seconds, full collections (all runs)
+    current, started = [""], [0.0]
 
     def on_gc(phase: str, info: dict) -> None:
         if phase == "start":
             started[0] = time.perf_counter()
-        else:
-            collected[0] += time.perf_counter() - started[0]
+            return
+        collected[current[0]][0] += time.perf_counter() - started[0]
+        collected[current[0]][1] += info["generation"] == 2
 
     gc.callbacks.append(on_gc)
-    full()
-    gc.callbacks.remove(on_gc)
+    try:
+        for _ in range(args.repeats):
+            for name, run in layers.items():
+                current[0] = name
+                _sync(args.device)
+                t0 = time.perf_counter()
+                run()
+                _sync(args.device)
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        gc.callbacks.remove(on_gc)
     best = {name: min(t) for name, t in times.items()}
     base = best["untraced"]
-    out = {"device": args.device, "model": args.model, "torch": torch.__version__, "seconds": best,
-           "ratio": {name: t / base for name, t in best.items()}, "gc_s_in_onset": collected[0]}
+    out = {"device": args.device, "model": args.model, "torch": torch.__version__, "repeats": args.repeats,
+           "seconds": best, "ratio": {name: t / base for name, t in best.items()}, "all_seconds": times,
+           "gc_s": {name: c[0] for name, c in collected.items()},
+           "full_collections": {name: c[1] for name, c in collected.items()}}
     for name, t in best.items():
-        print(f"{name:14s} {t:7.3f} s  {t / base:5.2f}x", flush=True)
-    print(f"garbage collection during one onset: {collected[0]:.3f} s")
+        print(f"{name:14s} {t:7.3f} s  {t / base:5.2f}x   (garbage collection in {args.repeats} runs: "
+              f"{collected[name][0]:.3f} s, {collected[name][1]} full)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

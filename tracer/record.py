@@ -202,6 +202,48 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
     return {name: f"{head}:{totals.get(i, 0)}" for i, (name, head) in enumerate(shapes)}
 
 
+class _RecordingCollector:
+    """Python's cyclic garbage collector while any recorder is active (entered by each, restored by the last to exit).
+
+    A traced run allocates many small containers (records, statistics). With the collector's default threshold it ran
+    hundreds of young collections during one onset (0.27-0.29 s of 2.5 s on the H200's host); now once per
+    ``RECORDING_GC_THRESHOLD`` allocations (still collecting, so cycles cannot pile up; a caller's higher threshold is
+    kept). And the objects that exist when recording starts (the libraries, the models: hundreds of thousands) are
+    frozen out of the collector's view (``gc.freeze``) until it ends: a full collection, which lands in some runs
+    and not others, scanned them all — 0.2-0.25 s of the CPU proxy's onset, 2 ms frozen. Left alone when someone
+    else has frozen objects (unfreezing would release theirs too).
+    """
+
+    active = 0
+    threshold: tuple[int, ...] | None = None
+    froze = False
+
+    @classmethod
+    def enter(cls) -> None:
+        cls.active += 1
+        if cls.active > 1:
+            return
+        threshold = gc.get_threshold()
+        if threshold[0] < RECORDING_GC_THRESHOLD:
+            cls.threshold = threshold
+            gc.set_threshold(RECORDING_GC_THRESHOLD, *threshold[1:])
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            cls.froze = True
+
+    @classmethod
+    def exit(cls) -> None:
+        cls.active = max(0, cls.active - 1)
+        if cls.active:
+            return
+        if cls.threshold is not None:
+            gc.set_threshold(*cls.threshold)
+            cls.threshold = None
+        if cls.froze:
+            gc.unfreeze()
+            cls.froze = False
+
+
 class _Emitter:
     """What a site's record is made of, resolved once per recorder: its name, kind and layer, the buffer keys of
     its kept inputs (role, key), and every observation it reads (key, whether the key stays to the step's end)."""
@@ -289,7 +331,6 @@ class Recorder:
         self._tapped: set[tuple[int, str]] = set()
         self._paths: dict[int, str] | None = None
         self._active = False
-        self._gc_threshold: tuple[int, ...] | None = None  # the collector's thresholds to restore (see __enter__)
         self._paused = 0
         self._capturing = False
         self._templates: list[Record] = []  # records of a captured graph step (their tensors are graph buffers)
@@ -318,21 +359,12 @@ class Recorder:
             raise
         # the run layer finds active recorders here (CUDA-graph capture and replay, warm-up pauses)
         self.model.__dict__.setdefault(RECORDERS_ATTR, []).append(self)
-        # a traced run allocates many small containers (records, statistics); with the cyclic garbage collector's
-        # default threshold it runs hundreds of collections during one (measured: 0.29 s of a 2.5 s onset on the
-        # H200's host, with or without the heap's old objects frozen). While recording, it runs once per
-        # RECORDING_GC_THRESHOLD allocations instead (still collecting, so cycles cannot pile up); restored on exit.
-        threshold = gc.get_threshold()
-        if threshold[0] < RECORDING_GC_THRESHOLD:
-            self._gc_threshold = threshold
-            gc.set_threshold(RECORDING_GC_THRESHOLD, *threshold[1:])
+        _RecordingCollector.enter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._remove()
-        if self._gc_threshold is not None:
-            gc.set_threshold(*self._gc_threshold)
-            self._gc_threshold = None
+        _RecordingCollector.exit()
 
     def _remove(self) -> None:
         for handle in reversed(self._handles):

@@ -212,22 +212,32 @@ def test_one_copy_per_unchanged_tensor_and_a_new_one_after_an_in_place_write() -
     assert torch.equal(b.inputs["x"], x) and b.inputs["x"] is not a.out and torch.equal(b.out, x + 1)
 
 
-def test_recording_runs_the_garbage_collector_less_often_until_exit(qwen, prompts) -> None:
+def test_recording_runs_the_garbage_collector_less_often_and_freezes_old_objects_until_exit(qwen, prompts) -> None:
     import gc
 
     from ulptrace.record import RECORDING_GC_THRESHOLD
 
     before = gc.get_threshold()
-    assert before[0] < RECORDING_GC_THRESHOLD
+    assert before[0] < RECORDING_GC_THRESHOLD and gc.get_freeze_count() == 0
     with Recorder(qwen):
         assert gc.get_threshold() == (RECORDING_GC_THRESHOLD, *before[1:])
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # the libraries' and the model's objects: out of the collector's view while recording
         with Recorder(qwen):  # nested: the outer recorder restores
             pass
-        assert gc.get_threshold()[0] == RECORDING_GC_THRESHOLD
-    assert gc.get_threshold() == before
+        assert gc.get_threshold()[0] == RECORDING_GC_THRESHOLD and gc.get_freeze_count() == frozen
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError, match="boom"), Recorder(qwen):
         raise RuntimeError("boom")
-    assert gc.get_threshold() == before
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()  # a caller that froze objects itself keeps them frozen, and only those
+    try:
+        mine = gc.get_freeze_count()
+        with Recorder(qwen):
+            pass
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
     gc.set_threshold(RECORDING_GC_THRESHOLD * 2, *before[1:])  # a caller's own higher threshold is left as it is
     try:
         with Recorder(qwen):
