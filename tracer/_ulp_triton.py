@@ -69,8 +69,8 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
         raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
     a, b = bits_a.reshape(-1), bits_b.reshape(-1)
     n = a.numel()
-    counts = torch.zeros(BINS, dtype=torch.int64, device=a.device)
-    maximum = torch.zeros(1, dtype=torch.int64, device=a.device)
+    result = torch.zeros(BINS + 1, dtype=torch.int64, device=a.device)  # the counts, then the maximum: one read back
+    counts, maximum = result[:BINS], result[BINS:]
     block = 4096
     wide = tl.int64 if fmt.bits > 16 else tl.int32
     programs = triton.cdiv(n, block)
@@ -80,7 +80,8 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
         programs = min(programs, max_programs)
     _kernel[(max(programs, 1),)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
                                  BLOCK=block, num_warps=8)
-    return counts[:19].tolist(), int(maximum.item())
+    host = result.tolist()
+    return host[:19], host[BINS]
 
 
 # -- records' statistics, per element and per row, many records in one launch, no host synchronisation -------

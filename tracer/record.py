@@ -34,11 +34,12 @@ step's records from the buffers. Nothing in a capture talks to the host: sinks r
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -242,6 +243,19 @@ class _RecordingCollector:
         if cls.froze:
             gc.unfreeze()
             cls.froze = False
+
+
+@contextlib.contextmanager
+def recording_collector() -> Iterator[None]:
+    """The garbage collector as while recording (``_RecordingCollector``), for a whole run that records more than once:
+    a probe that builds recorders one after another (an onset's reference and candidate) holds it around them all,
+    so the objects made between them — a recorder's own construction, the reference kept for the candidate — are
+    not where a full collection of the unfrozen heap lands (measured: 0.25-0.3 s of an onset on the H200's host)."""
+    _RecordingCollector.enter()
+    try:
+        yield
+    finally:
+        _RecordingCollector.exit()
 
 
 class _Emitter:

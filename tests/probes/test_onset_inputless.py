@@ -17,3 +17,24 @@ def test_a_difference_that_begins_at_a_record_without_inputs_is_located_there() 
     # a budget that covers it: no onset there, and the rest is honest rounding of a moved input
     tolerant, _ = run_onset(RunConfig(candidate="fault:embed@0+1", prompts=2, prompt_len=8, new_tokens=2, max_ulp=1))
     assert tolerant.onset() is None and tolerant.parity().ok
+
+
+def test_an_onset_holds_the_recording_collector_between_its_two_recorders(monkeypatch) -> None:
+    """The reference's and the candidate's recorders are built with the old objects frozen out of the collector's
+    view (a full collection landing between them scanned the whole heap), and everything is unfrozen after."""
+    import gc
+
+    import ulptrace.probes.onset as onset
+
+    seen = []
+    real = onset.selected_sites
+
+    def selected(model, cfg):
+        seen.append(gc.get_freeze_count())
+        return real(model, cfg)
+
+    monkeypatch.setattr(onset, "selected_sites", selected)
+    assert gc.get_freeze_count() == 0
+    run_onset(RunConfig(candidate="kernels:fused", prompts=1, prompt_len=4, new_tokens=1))
+    assert len(seen) == 2 and all(n > 1000 for n in seen), seen
+    assert gc.get_freeze_count() == 0
