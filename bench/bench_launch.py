@@ -18,7 +18,7 @@ import time
 import torch
 
 
-def per_call(fn, calls: int, device: torch.device) -> float:  # noqa: ANN001
+def per_call(fn, calls: int, device: torch.device) -> float:
     """Least mean wall time of one ``fn()`` in microseconds over 5 batches of ``calls`` calls."""
     fn()
     best = float("inf")
@@ -56,15 +56,16 @@ def main() -> None:
         a = torch.randn(shape, device=device, dtype=torch.bfloat16)
         b = a.clone()
         out[f"clone, {label}"] = per_call(a.clone, args.calls, device)
-        out[f"empty_like, {label}"] = per_call(lambda: torch.empty_like(a), args.calls, device)
-        out[f"bits view, {label}"] = per_call(lambda: bits(a), args.calls, device)
-        out[f"statistics launched alone, {label}"] = per_call(lambda: pending_stats(a, b), args.calls, device)
+        out[f"empty_like, {label}"] = per_call(lambda a=a: torch.empty_like(a), args.calls, device)
+        out[f"bits view, {label}"] = per_call(lambda a=a: bits(a), args.calls, device)
+        out[f"statistics launched alone, {label}"] = per_call(lambda a=a, b=b: pending_stats(a, b), args.calls,
+                                                              device)
 
         if device.type != "cuda" or not _ulp_triton.AVAILABLE:
             continue  # a StatsBatch serves CUDA with Triton only
         fmt = format_of(a.dtype)
 
-        def batched() -> None:
+        def batched(a: torch.Tensor = a, b: torch.Tensor = b, fmt: object = fmt) -> None:
             batch = StatsBatch()
             pending = [batch.add(bits(a), bits(b), fmt) for _ in range(512)]
             batch.launch()

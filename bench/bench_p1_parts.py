@@ -40,14 +40,16 @@ class _Drop:
 
 
 def main() -> None:
-    import ulptrace.comparison as comparison
-    import ulptrace.probes.onset as onset
+    from bench_trace import (  # this folder: run as python bench/bench_p1_parts.py
+        check_workload,
+        workload_arguments,
+    )
+    from ulptrace import comparison
     from ulptrace.paths import apply_path
+    from ulptrace.probes import onset
     from ulptrace.record import Recorder
     from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
     from ulptrace.ulp import PendingStats, RecordStats
-
-    from bench_trace import check_workload, workload_arguments  # this folder: run as python bench/bench_p1_parts.py
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_arguments(p)
@@ -75,12 +77,12 @@ def main() -> None:
             with Recorder(cand, sites=selected_sites(cand, cfg), sink=_Drop()):
                 greedy(cand, prompts, cfg.new_tokens, forced=tokens)
 
-    import ulptrace.record as record
+    from ulptrace import record
 
     real_copy = record._copy
     real_observe = Recorder._observe
 
-    def observing(observe) -> None:  # noqa: ANN001 - the bench swaps the recorder's per-observation work
+    def observing(observe) -> None:  # the bench swaps the recorder's per-observation work
         Recorder._observe = observe
         try:
             hooks()
@@ -90,7 +92,7 @@ def main() -> None:
     def dispatch() -> None:
         observing(lambda self, path, values: None)
 
-    def clone_needed(self, path, values) -> None:  # noqa: ANN001
+    def clone_needed(self, path, values) -> None:
         plan = self._plan.get(path, {})
         for at, value in values.items():
             if value is not None and at in plan:

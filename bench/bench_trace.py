@@ -128,7 +128,7 @@ def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
     a = torch.randn(n, device=device).bfloat16()
     b = (a.float() * (1 + 2**-7 * torch.randn(n, device=device))).bfloat16()
 
-    def best(fn) -> float:  # noqa: ANN001 - the least of 10 timed calls after one untimed (a call is ~1 ms on a GPU)
+    def best(fn) -> float:  # the least of 10 timed calls after one untimed (a call is ~1 ms on a GPU)
         fn()
         _sync(device)
         times = []

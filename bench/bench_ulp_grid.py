@@ -13,7 +13,7 @@ import time
 import torch
 
 
-def best_seconds(fn, repeats: int = 10) -> float:  # noqa: ANN001
+def best_seconds(fn, repeats: int = 10) -> float:
     fn()
     torch.cuda.synchronize()
     best = float("inf")

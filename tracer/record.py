@@ -181,9 +181,10 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
 
     Two paths of the same model must hold the same parameters; a kernel that caches a converted or
     stale copy shows up as a differing checksum (``Comparison.parameters``). Computed on the
-    parameters' device, one reduction each, read back together (one synchronisation per device). A tensor-parallel parameter (a DTensor) is fingerprinted
-    whole, so it compares with the unsharded model's: gathering it is a collective, so every rank of the
-    model's process group must call this (``ulptrace.tp`` checks each rank's shard on its own).
+    parameters' device, one reduction each, read back together (one synchronisation per device). A
+    tensor-parallel parameter (a DTensor) is fingerprinted whole, so it compares with the unsharded model's:
+    gathering it is a collective, so every rank of the model's process group must call this (``ulptrace.tp``
+    checks each rank's shard on its own).
     """
     from ulptrace.ulp import bits
 

@@ -24,7 +24,7 @@ def test_an_onset_holds_the_recording_collector_between_its_two_recorders(monkey
     view (a full collection landing between them scanned the whole heap), and everything is unfrozen after."""
     import gc
 
-    import ulptrace.probes.onset as onset
+    from ulptrace.probes import onset
 
     seen = []
     real = onset.selected_sites
