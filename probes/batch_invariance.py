@@ -33,6 +33,7 @@ from ulptrace.probes.divergence import (
     near_tie,
     row_cells,
 )
+from ulptrace.record import recording_collector
 from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, selection_metadata, splice_row, torch_dtype
 
 SCHEMA = "ulptrace.batch_invariance"
@@ -73,6 +74,7 @@ class BatchInvarianceConfig:
                      "candidate_mode": self.run.reference_mode, "extra": dict(self.run.extra)}).validate()
 
 
+@recording_collector()  # every recorder of the run and what is made between them
 def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], None] | None = None,
                          on_batch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Generate every prompt alone and in batches; returns the report (``summary``, ``rows``).

@@ -21,7 +21,7 @@ import torch
 from ulptrace.comparison import bitwise_equal, compare
 from ulptrace.paths import apply_path
 from ulptrace.probes.divergence import describe_point, onset_object
-from ulptrace.record import Recorder
+from ulptrace.record import Recorder, recording_collector
 from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites, selection_metadata
 from ulptrace.trace import Trace
 from ulptrace.ulp import FORMATS, row_ulp_distance, ulp_distance
@@ -131,6 +131,7 @@ class _Side:
                 other.resume()
 
 
+@recording_collector()  # every recorder of the run and what is made between them
 def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the lockstep comparison of ``cfg.reference`` (``cfg.reference_mode``) and ``cfg.candidate``

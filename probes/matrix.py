@@ -40,6 +40,7 @@ from ulptrace.probes.divergence import (
     near_tie,
     row_cells,
 )
+from ulptrace.record import recording_collector
 from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, selection_metadata, torch_dtype
 
 SCHEMA = "ulptrace.matrix"
@@ -103,6 +104,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+@recording_collector()  # every recorder of the run and what is made between them
 def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                on_check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the grid; returns the report (the JSON contract: ``summary``, ``rows``, see the README).

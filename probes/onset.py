@@ -138,6 +138,7 @@ def _traced_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callabl
     return comparison, info
 
 
+@recording_collector()  # every recorder of the run and what is made between them
 def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[str, Any]]:
     """Record both paths into memory (the candidate forced to the reference's tokens).
 

@@ -22,7 +22,7 @@ import torch
 from ulptrace import tp as TP
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.paths import apply_path, resolve_path
-from ulptrace.record import Recorder
+from ulptrace.record import Recorder, recording_collector
 from ulptrace.run import (
     RunConfig,
     check_observation,
@@ -37,6 +37,7 @@ from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
 
 
+@recording_collector()  # every recorder of the run and what is made between them
 def run_onset_tp(cfg: RunConfig, tp: int, *, reference_dir: str | Path | None = None,
                  progress: Callable[[str], None] | None = None) -> tuple[Comparison | None, dict[str, Any]]:
     """Every rank calls this; returns ``(comparison, info)`` on rank 0 and ``(None, info)`` on the others.

@@ -249,9 +249,10 @@ class _RecordingCollector:
 @contextlib.contextmanager
 def recording_collector() -> Iterator[None]:
     """The garbage collector as while recording (``_RecordingCollector``), for a whole run that records more than once:
-    a probe that builds recorders one after another (an onset's reference and candidate) holds it around them all,
-    so the objects made between them — a recorder's own construction, the reference kept for the candidate — are
-    not where a full collection of the unfrozen heap lands (measured: 0.25-0.3 s of an onset on the H200's host)."""
+    a probe that builds recorders one after another (an onset's reference and candidate, a matrix's runs) holds it
+    around them all — ``with recording_collector():`` or, on its entry point, ``@recording_collector()`` — so the
+    objects made between them (a recorder's own construction, the reference kept for the candidate) are not where a
+    full collection of the unfrozen heap lands (measured: 0.25-0.3 s of an onset on the H200's host)."""
     _RecordingCollector.enter()
     try:
         yield

@@ -78,3 +78,22 @@ def test_graph_mode_on_cpu_exits_2(capsys) -> None:
     assert main(["lockstep", "--candidate-mode", "graph"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--candidate-mode graph" in err[0]
+
+
+def test_lockstep_and_batch_invariance_record_with_the_old_objects_frozen(monkeypatch) -> None:
+    """Their recorders (several per run) are built while the recording collector is held, and nothing stays frozen."""
+    import gc
+
+    from ulptrace.probes import batch_invariance, lockstep
+
+    seen = []
+    for module in (lockstep, batch_invariance):
+        real = module.selected_sites
+        monkeypatch.setattr(module, "selected_sites",
+                            lambda *a, real=real, **k: seen.append(gc.get_freeze_count()) or real(*a, **k))
+    assert gc.get_freeze_count() == 0
+    lockstep.run_lockstep(RunConfig(model="tiny-llama", prompts=1, prompt_len=8, new_tokens=2))
+    batch_invariance.run_batch_invariance(batch_invariance.BatchInvarianceConfig(
+        RunConfig(model="tiny-llama", prompts=2, prompt_len=8, new_tokens=2), batches=[2]))
+    assert len(seen) >= 3 and all(n > 1000 for n in seen), seen
+    assert gc.get_freeze_count() == 0
