@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the streaming-comparison speed (issue 11, P1): install, build the kernels, the tracer's GPU
 # tests (TESTS=none: none), the tracing benchmark on the 0.8B shape with a profile and the onsets' JSON reports, and
-# P1 split into its layers (bench_p1_parts.py), and the host cost of one observation's operations (bench_launch.py).
-# Logs and JSON under $OUT.
+# P1 split into its layers (bench_p1_parts.py, REPEATS runs each, default 3), and the host cost of one observation's
+# operations (bench_launch.py). Logs and JSON under $OUT (the device returns a limited number of files: pass a scratch
+# folder as OUT and tar it into the real one, as RESULTS.md's fifth round did).
 # With .base/ carried (`git archive <commit> tracer probes kernels | tar -x -C .base`, git-ignored) the reports of that
 # commit's package are written first, before this tree is installed (to $OUT/base_reports), for an identity check.
 set -uo pipefail
