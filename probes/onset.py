@@ -49,15 +49,10 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
         bar.close()
 
 
+@recording_collector()  # both recorders and what is made between them
 def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
                ) -> tuple[Comparison, dict[str, Any]]:
     ref_model, cand_model, prompts = build_pair(cfg)
-    with recording_collector():  # both recorders and what is made between them
-        return _traced_onset(cfg, reference_dir, say, bar, ref_model, cand_model, prompts)
-
-
-def _traced_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress,
-                  ref_model: Any, cand_model: Any, prompts: torch.Tensor) -> tuple[Comparison, dict[str, Any]]:
     steps = parse_range(cfg.steps)
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
                             "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}

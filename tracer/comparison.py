@@ -201,14 +201,14 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
         # reference's dtype, and say so; a narrower candidate converts exactly.
         # ULP statistics are in the reference's dtype; the oracle judges the candidate's own values (a wider
         # candidate that skips the final rounding is then a boundary, not hidden by a cast).
-        note = (f"candidate stores {str(cand.dtype).removeprefix('torch.')}, reference "
-                f"{str(ref.dtype).removeprefix('torch.')}: ULPs counted in the reference's dtype")
+        note = (f"candidate stores {_dtype_name(cand.dtype)}, reference {_dtype_name(ref.dtype)}: ULPs counted in "
+                "the reference's dtype")
         cand = cand.to(ref.dtype)
     if ref.shape != cand.shape or ref.dtype != cand.dtype:
         return {
             "site": reference.site, "step": reference.step,
-            "reason": f"reference has {str(ref.dtype).removeprefix('torch.')} {list(ref.shape)}, "
-                      f"candidate has {str(cand.dtype).removeprefix('torch.')} {list(cand.shape)}",
+            "reason": f"reference has {_dtype_name(ref.dtype)} {list(ref.shape)}, "
+                      f"candidate has {_dtype_name(cand.dtype)} {list(cand.shape)}",
         }
     # statistics where the candidate's record was produced, started without waiting for the device
     where = cand.device

@@ -637,9 +637,10 @@ class UlpStats(NamedTuple):
 
 def ulp_stats(a: torch.Tensor, b: torch.Tensor) -> UlpStats:
     """The ULP statistics of two same-shape tensors of one dtype, on their device, in one read of both: the
-    compiled CPU pass or the fused CUDA kernel (Triton) where available; elsewhere one bit-pattern comparison (and a
-    NaN count) when they are bitwise equal, the distances of the *differing* elements otherwise. Equal to ``ulp_histogram(ulp_distance(a, b))`` with
-    ``differing = numel - histogram["0"]`` and ``max_ulp`` the largest finite distance (tested).
+    compiled CPU pass or the fused CUDA kernel (Triton) where available; elsewhere one bit-pattern comparison (and
+    a NaN count) when they are bitwise equal, the distances of the *differing* elements otherwise. Equal to
+    ``ulp_histogram(ulp_distance(a, b))`` with ``differing = numel - histogram["0"]`` and ``max_ulp`` the largest
+    finite distance (tested).
 
     Raises:
         TypeError: the dtypes differ or are not in :data:`FORMATS`.
