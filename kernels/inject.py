@@ -52,6 +52,7 @@ from ulptrace.kernels._patches import (
 from ulptrace.kernels.decode_attention import SEMANTICS, decode_attention, max_cache_len, tree_specs
 from ulptrace.kernels.gdn_gates import gdn_gates
 from ulptrace.kernels.rms_norm import VARIANTS, tree_spec
+from ulptrace.trace import dtype_name
 
 from ulptrace.sites import GDN_FUNCTIONS  # the functions HF hands the gates to are site metadata
 
@@ -175,7 +176,7 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _tree_key(weight: torch.Tensor) -> str:
-    return f"sum_of_squares[n={weight.numel()},{str(weight.dtype).removeprefix('torch.')}]"
+    return f"sum_of_squares[n={weight.numel()},{dtype_name(weight.dtype)}]"
 
 
 def _norm_tree(weight: torch.Tensor) -> str:
@@ -387,8 +388,8 @@ def inject(model: nn.Module, mode: str = "faithful", ops: Iterable[str] | None =
                          f"but {type(model).__name__} has none")
     dtype = _model_dtype(model)
     if dtype not in c.FLOAT_DTYPES:
-        raise ValueError(f"ulptrace's kernels support {', '.join(str(d).removeprefix('torch.') for d in c.FLOAT_DTYPES)} "
-                         f"models, but {type(model).__name__} is {str(dtype).removeprefix('torch.')}")
+        raise ValueError(f"ulptrace's kernels support {', '.join(dtype_name(d) for d in c.FLOAT_DTYPES)} "
+                         f"models, but {type(model).__name__} is {dtype_name(dtype)}")
     inj = Injection(model, mode, _resolve_backend(model, backend))
     appliers: dict[str, Callable[[], None]] = {
         "add_rms_norm": lambda: _apply_norms(model, inj, dtype),

@@ -8,6 +8,7 @@ importable without Triton: importing ulptrace never imports Triton.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -188,6 +189,7 @@ if AVAILABLE:
         tl.atomic_max(out + 30, tl.max(tl.max(top_row, axis=1), axis=0).to(tl.int64, bitcast=True))
 
 
+@functools.cache
 def tile_columns(n_cols: int) -> int:
     """The tile width (one of ``TILES``) that serves rows of ``n_cols`` elements; records of one width share a launch."""
     return next(c for c in TILES if c >= n_cols or c == TILES[-1])

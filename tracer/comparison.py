@@ -30,7 +30,6 @@ by thousands of its own ULPs when its inputs move by one, which is nothing for i
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -38,7 +37,7 @@ from typing import Any, Protocol
 
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
-from ulptrace.trace import Record, Trace
+from ulptrace.trace import Record, Trace, dtype_name
 from ulptrace.ulp import FORMATS, PendingStats, RecordStats, StatsBatch, bits, pending_stats, resolve_stats
 
 ONSET_REASONS = ("verdict", "unjudged", "unobserved")
@@ -127,8 +126,10 @@ def without_cache_padding(record: Record) -> Record:
     without a mask, a multi-token query is causal top-left aligned (HF's SDPA prefill: ``is_causal``),
     so keys past the query length are hidden. Records without ``key``/``value`` are returned as is.
     """
-    query, key, value = (record.inputs.get(r) for r in ("query", "key", "value"))
-    mask = record.inputs.get("attention_mask")
+    inputs = record.inputs
+    if "key" not in inputs:  # most records: no attention inputs
+        return record
+    query, key, value, mask = inputs.get("query"), inputs["key"], inputs.get("value"), inputs.get("attention_mask")
     if key is None or value is None or key.dim() < 2:
         return record
     length = key.shape[-2]
@@ -152,11 +153,6 @@ def without_cache_padding(record: Record) -> Record:
     if mask is not None:
         inputs["attention_mask"] = mask[..., :used]
     return Record(record.site, record.step, record.kind, record.layer, record.out, inputs)
-
-
-@functools.cache
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
@@ -201,14 +197,14 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
         # reference's dtype, and say so; a narrower candidate converts exactly.
         # ULP statistics are in the reference's dtype; the oracle judges the candidate's own values (a wider
         # candidate that skips the final rounding is then a boundary, not hidden by a cast).
-        note = (f"candidate stores {_dtype_name(cand.dtype)}, reference {_dtype_name(ref.dtype)}: ULPs counted in "
+        note = (f"candidate stores {dtype_name(cand.dtype)}, reference {dtype_name(ref.dtype)}: ULPs counted in "
                 "the reference's dtype")
         cand = cand.to(ref.dtype)
     if ref.shape != cand.shape or ref.dtype != cand.dtype:
         return {
             "site": reference.site, "step": reference.step,
-            "reason": f"reference has {_dtype_name(ref.dtype)} {list(ref.shape)}, "
-                      f"candidate has {_dtype_name(cand.dtype)} {list(cand.shape)}",
+            "reason": f"reference has {dtype_name(ref.dtype)} {list(ref.shape)}, "
+                      f"candidate has {dtype_name(cand.dtype)} {list(cand.shape)}",
         }
     # statistics where the candidate's record was produced, started without waiting for the device
     where = cand.device
@@ -231,7 +227,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
-                           list(ref.shape), _dtype_name(ref.dtype), note, stats, inputs)
+                           list(ref.shape), dtype_name(ref.dtype), note, stats, inputs)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending

@@ -39,7 +39,7 @@ from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.judge import EXACT, VERDICTS, Judgement
 from ulptrace.oracle.judge import judge as judge_program
 from ulptrace.oracle.replay import Mods, output_interval, replay
-from ulptrace.trace import Record
+from ulptrace.trace import Record, dtype_name
 from ulptrace.ulp import FORMATS, next_down, next_up, round_to, ulp_distance
 
 MIDPOINT_BINS: tuple[float, ...] = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
@@ -297,7 +297,7 @@ def explain(reference: Any, candidate: Any, judge: Any, *, site: Any = None, ste
         mid = _midpoints(program, inputs)
     keep = torch.ones_like(result.verdicts, dtype=torch.bool) if all_elements else result.verdicts != EXACT
     rows = _rows(keep, ref.out, cand.out, result, exact, hypothesis, mid)
-    return Explanation(site=ref.site, step=ref.step, kind=ref.kind, dtype=str(ref.out.dtype).removeprefix("torch."),
+    return Explanation(site=ref.site, step=ref.step, kind=ref.kind, dtype=dtype_name(ref.out.dtype),
                        shape=list(ref.out.shape), counts=dict(result.counts), boundary=result.boundary,
                        explained=float(result.explained), inputs_equal=inputs_equal, rows=rows, judgement=result,
                        limit=limit)

@@ -46,7 +46,7 @@ import torch
 from ulptrace.families import is_gated_deltanet
 from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, attention_lookup, site_table, submodule
 from ulptrace.taps import tap
-from ulptrace.trace import Record, Trace, library_versions
+from ulptrace.trace import Record, Trace, dtype_name, library_versions
 
 _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
 RECORDING_GC_THRESHOLD = 100_000  # allocations between the garbage collector's young passes while recording
@@ -166,7 +166,7 @@ def model_metadata(model: Any, path: str) -> dict[str, Any]:
         "model": model_name(model),
         "architecture": type(model).__name__,
         "path": path,
-        "dtype": str(param.dtype).removeprefix("torch.") if param is not None else None,
+        "dtype": dtype_name(param.dtype) if param is not None else None,
         "device": str(param.device) if param is not None else None,
         "seed": getattr(model, "ulptrace_seed", None),
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
@@ -191,7 +191,7 @@ def parameter_checksums(model: torch.nn.Module) -> dict[str, str]:
     shapes, sums = [], []
     for name, p in model.named_parameters(remove_duplicate=True):
         p = p.full_tensor() if hasattr(p, "full_tensor") else p
-        shapes.append((name, f"{str(p.dtype).removeprefix('torch.')}:{'x'.join(map(str, p.shape))}"))
+        shapes.append((name, f"{dtype_name(p.dtype)}:{'x'.join(map(str, p.shape))}"))
         # exact in int64 in any order, without an int64 copy of the parameter
         sums.append(bits(p.detach()).sum(dtype=torch.int64) if p.numel() else None)
     totals: dict[int, int] = {}

@@ -58,7 +58,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from ulptrace.trace import Record
+from ulptrace.trace import Record, dtype_name
 
 DEFAULT_TIMEOUT_S = 1800
 """Collective timeout (seconds) of a process group ulptrace initialises (``ULPTRACE_TP_TIMEOUT`` overrides):
@@ -441,7 +441,7 @@ class ShardGatherer:
         for role, t in list(tensors.items()):
             tensors[role], whole[role] = _materialize(t)
         meta = (record.site, record.step, record.kind, record.layer,
-                [(role, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.numel() * t.element_size())
+                [(role, tuple(t.shape), dtype_name(t.dtype), t.numel() * t.element_size())
                  for role, t in tensors.items()])
         metas: list[Any] = [None] * self.group.size
         dist.all_gather_object(metas, meta)

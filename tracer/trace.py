@@ -16,6 +16,7 @@ owning process. ``stale_temporaries`` finds those whose process no longer exists
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -36,6 +37,12 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 TMP_MARK = ".ulptrace-tmp."  # in a temporary trace directory's name: .NAME.ulptrace-tmp.PID.XXXX
 OWNER_FILE = "writer.json"  # inside it: the owning process (pid, host, start time)
+
+
+@functools.cache
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: how traces, reports and messages name a dtype (the one spelling)."""
+    return str(dtype).removeprefix("torch.")
 
 
 class TraceError(ValueError):
@@ -67,10 +74,10 @@ class Record:
             "step": self.step,
             "kind": self.kind,
             "layer": self.layer,
-            "dtype": str(self.out.dtype).removeprefix("torch."),
+            "dtype": dtype_name(self.out.dtype),
             "shape": list(self.out.shape),
             "inputs": {
-                role: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                role: {"dtype": dtype_name(t.dtype), "shape": list(t.shape)}
                 for role, t in self.inputs.items()
             },
         }

@@ -711,8 +711,10 @@ def _cpu_stats() -> Any:
     return _ulp_cpu.stats if _ulp_cpu.library() is not None else None
 
 
+@functools.cache
 def _triton_stats() -> Any:
-    """The fused CUDA statistics (``ulptrace._ulp_triton.stats``), or None where Triton is not installed."""
+    """The fused CUDA statistics (``ulptrace._ulp_triton.stats``), or None where Triton is not installed (looked
+    up once: every record pair on a GPU asks)."""
     from ulptrace import _ulp_triton
 
     return _ulp_triton.stats if _ulp_triton.AVAILABLE else None
