@@ -13,7 +13,7 @@ models (issue 11: "where a goal is not reached, say what bounds it — measure i
    records aligned, comparisons started and finished, no statistics computed);
 5. ``onset``: ``run_onset`` as it is.
 
-Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
+``--layers`` times some of them (with ``untraced``, the base). Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
 many of its collections were full ones) is reported too. The differences between the layers are what each adds.
 
     python bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
@@ -39,6 +39,19 @@ class _Drop:
         pass
 
 
+LAYERS = ("untraced", "dispatch", "clones", "hooks-no-copy", "hooks", "bookkeeping", "onset")
+
+
+def timed(run, device: str) -> float:
+    """Seconds of one ``run()`` (the device synchronised before and after). Its own function, so that a sampling
+    profiler's stacks tell the timed runs from the warm-up: ``bench/spy_summary.py --root timed``."""
+    _sync(device)
+    t0 = time.perf_counter()
+    run()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     from bench_trace import (  # this folder: run as python bench/bench_p1_parts.py
         check_workload,
@@ -54,11 +67,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_arguments(p)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--layers", nargs="+", metavar="LAYER", default=list(LAYERS),
+                   help=f"the layers to time (default: all; 'untraced' is always timed, the ratios' base): {', '.join(LAYERS)}")
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, but got {args.repeats}")
+    unknown = [name for name in args.layers if name not in LAYERS]
+    if unknown:
+        p.error(f"--layers takes {', '.join(LAYERS)}, but got {', '.join(unknown)}")
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
     built = build_pair(cfg)
@@ -121,8 +139,10 @@ def main() -> None:
     def full() -> None:
         onset.run_onset(cfg)
 
-    layers = {"untraced": untraced, "dispatch": dispatch, "clones": clones, "hooks-no-copy": hooks_no_copy, "hooks": hooks, "bookkeeping": bookkeeping,
-              "onset": full}
+    every = {"untraced": untraced, "dispatch": dispatch, "clones": clones, "hooks-no-copy": hooks_no_copy, "hooks": hooks,
+             "bookkeeping": bookkeeping, "onset": full}
+    assert tuple(every) == LAYERS
+    layers = {name: run for name, run in every.items() if name == "untraced" or name in args.layers}
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
         run()
     times: dict[str, list[float]] = {name: [] for name in layers}
@@ -141,11 +161,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, run in layers.items():
                 current[0] = name
-                _sync(args.device)
-                t0 = time.perf_counter()
-                run()
-                _sync(args.device)
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(timed(run, args.device))
     finally:
         gc.callbacks.remove(on_gc)
     best = {name: min(t) for name, t in times.items()}

@@ -6,6 +6,8 @@
 # folder as OUT and tar it into the real one, as RESULTS.md's fifth round did).
 # With .base/ carried (`git archive <commit> tracer probes kernels | tar -x -C .base`, git-ignored) the reports of that
 # commit's package are written first, before this tree is installed (to $OUT/base_reports), for an identity check.
+# LAUNCH=0 skips bench_launch.py; NATIVE=1 adds bench_native_copy.py; SPY=1 (py-spy installed, e.g. from a carried
+# wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 BENCH="bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
@@ -19,11 +21,22 @@ python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail
 if [ "${TESTS:-}" != none ]; then
     python3 -m pytest -m gpu ${TESTS:-tests/tracer} -q -p no:cacheprovider -rf --tb=short 2>&1 | tee $OUT/gpu_tests.log | tail -8
 fi
-python3 bench/bench_launch.py --device cuda --json $OUT/launch.json 2>&1 | tee $OUT/launch.log
+if [ "${LAUNCH:-1}" != 0 ]; then
+    python3 bench/bench_launch.py --device cuda --json $OUT/launch.json 2>&1 | tee $OUT/launch.log
+fi
 python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
     --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
 python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} --json $OUT/p1_parts.json 2>&1 | grep -v Warn \
     | tee $OUT/p1_parts.log
+if [ "${NATIVE:-0}" != 0 ]; then  # what a copy and a launch cost below Python (builds a small extension)
+    python3 bench/bench_native_copy.py --json $OUT/native_copy.json 2>&1 | grep -v Warn | tee $OUT/native_copy.log
+fi
+if [ "${SPY:-0}" != 0 ] && command -v py-spy > /dev/null; then  # a sampling profile of the onset layer's timed runs
+    py-spy record -r 200 -f raw -o $OUT/spy_p1.txt -- python3 bench/bench_p1_parts.py --device cuda \
+        --model qwen3.5-0.8b --layers onset --repeats 3 2>&1 | grep -v Warn | tail -3
+    python3 bench/spy_summary.py $OUT/spy_p1.txt --root timed --within full --top 70 > $OUT/spy_p1_summary.txt
+    python3 bench/spy_summary.py $OUT/spy_p1.txt --root timed --within full --lines --top 40 >> $OUT/spy_p1_summary.txt
+fi
 if [ -d $OUT/base_reports ]; then
     for f in P1-no-oracle P3-oracle; do cmp $OUT/base_reports/$f.json $OUT/reports/$f.json && echo "$f identical to the base"; done
 fi
