@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,15 +102,29 @@ def point(t: torch.Tensor, track: bool = True) -> Iv:
 
 def scalar_iv(value: float, like: torch.Tensor) -> Iv:
     """A Python scalar as an exact 0-dim float64 interval on ``like``'s device."""
-    v = torch.tensor(float(value), dtype=F64, device=like.device)
+    v = _scalar(struct.pack("<d", float(value)), like.device)
     return Iv(v, v, v)
+
+
+@functools.lru_cache(maxsize=1024)
+def _scalar(value: bytes, device: torch.device) -> torch.Tensor:
+    """The float64 of these 8 bytes as a 0-dim tensor on ``device``, made once (on a GPU each was a copy from the
+    host that waits for the device); keyed by its bytes, so -0.0 and 0.0 stay apart. Nothing writes to it."""
+    return torch.tensor(struct.unpack("<d", value)[0], dtype=F64, device=device)
 
 
 # ---------------------------------------------------------------------------------------------- rounding
 
 
+@functools.cache
+def _target(target: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A 0-dim tensor of ``target``, made once per dtype and device (a rounding took four ops, and on a GPU a copy
+    from the host, to make it every time); nothing writes to it."""
+    return torch.tensor(target, dtype=dtype, device=device)
+
+
 def _toward(y: torch.Tensor, target: float) -> torch.Tensor:
-    return torch.nextafter(y, torch.tensor(target, dtype=y.dtype, device=y.device).expand_as(y))
+    return torch.nextafter(y, _target(target, y.dtype, y.device))
 
 
 def _down32(x: torch.Tensor) -> torch.Tensor:

@@ -243,11 +243,12 @@ def judge_sets(
                     fit[record.kind] = float((v - center[0].to(v))[outside].abs().mean())
         results.append(HypothesisResult(record.kind, record.description, record.op, count))
 
+    # masked fills, not boolean-index assignments: those find the indices first (on a GPU, a wait for the device)
     verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
-    verdicts[explained_any] = BOUNDARY
-    verdicts[in_set & ~exact] = TIE
-    verdicts[nonfinite & ~exact] = NONFINITE
-    verdicts[exact] = EXACT
+    verdicts.masked_fill_(explained_any, BOUNDARY)
+    verdicts.masked_fill_(in_set & ~exact, TIE)
+    verdicts.masked_fill_(nonfinite & ~exact, NONFINITE)
+    verdicts.masked_fill_(exact, EXACT)
     tally = torch.bincount(verdicts.flatten().long(), minlength=len(VERDICTS)).tolist()
     counts = {name: int(tally[k]) for k, name in enumerate(VERDICTS)}
 
@@ -264,8 +265,9 @@ def judge_sets(
         d = _distance(v, lo, hi, out_dtype).clamp(min=1)
         distance = torch.where(outside, d, distance)
     distance = torch.where(nonfinite & ~exact, torch.full_like(distance, -1), distance)
-    errors = verdicts == ERROR
-    max_error = int(distance[errors].max()) if bool(errors.any()) else None
+    # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none
+    top = int(torch.where(verdicts == ERROR, distance, 0).max()) if distance.numel() else 0
+    max_error = top if top > 0 else None
     return Judgement(
         verdicts=verdicts,
         counts=counts,
