@@ -113,7 +113,7 @@ def main() -> None:
     def clone_needed(self, path, values) -> None:
         plan = self._plan.get(path, {})
         for at, value in values.items():
-            if value is not None and at in plan:
+            if isinstance(value, torch.Tensor) and at in plan:  # not a value the recorder already holds a copy of
                 self._copy_once(value)
 
     def clones() -> None:

@@ -54,6 +54,13 @@ RECORDERS_ATTR = "__ulptrace_recorders__"  # the model's active recorders, for u
 _FROM_INPUT = object()  # compiled mode: a norm's residual is its own input (resolved after the graph ran)
 
 
+class _Owned(NamedTuple):
+    """An observed value that already is the recorder's own copy (a norm's residual read back from its buffered
+    input): kept as it is, not copied again."""
+
+    copy: torch.Tensor
+
+
 class Sink(Protocol):
     """Receives records in execution order; may also define ``set_metadata(dict)``, called on entry."""
 
@@ -508,7 +515,8 @@ class Recorder:
                     self._calls[path] += 1
                     continue
                 if values.get("residual", None) is _FROM_INPUT:
-                    values["residual"] = self._buffer.get(f"{path}:in0")
+                    held = self._buffer.get(f"{path}:in0")
+                    values["residual"] = None if held is None else _Owned(held)
                 self._observe(path, values)
         finally:
             self._compiled = True
@@ -562,7 +570,7 @@ class Recorder:
         def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
             if not self._recording():
                 return
-            values: dict[str, torch.Tensor | None] = {}
+            values: dict[str, Any] = {}  # tensors, None, or _Owned
             if "out" in ats:
                 values["out"] = _first_tensor(output)
             if "out1" in ats:
@@ -570,8 +578,13 @@ class Recorder:
             if "residual" in ats:
                 # fused add+norm returns (normed, residual); HF's norm input already is the residual
                 second = _first_tensor(output, 1) if isinstance(output, (tuple, list)) else None
-                fallback = _FROM_INPUT if self._compiled else self._buffer.get(f"{path}:in0")
-                values["residual"] = second if second is not None else fallback
+                if second is not None:
+                    values["residual"] = second
+                elif self._compiled:
+                    values["residual"] = _FROM_INPUT
+                else:  # the copy this module's pre-hook made of its input
+                    held = self._buffer.get(f"{path}:in0")
+                    values["residual"] = None if held is None else _Owned(held)
             if ats & {"state.conv", "state.recurrent"}:
                 values.update(self._gdn_states(module, kwargs))
             self._observe(path, values)
@@ -666,7 +679,7 @@ class Recorder:
             if value is None:
                 buffer.pop(key, None)
                 continue
-            buffer[key] = self._copy_once(value)
+            buffer[key] = value.copy if type(value) is _Owned else self._copy_once(value)
             left[key] = entry.uses
             if entry.emitters:
                 fired.append(entry)

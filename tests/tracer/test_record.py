@@ -212,6 +212,33 @@ def test_one_copy_per_unchanged_tensor_and_a_new_one_after_an_in_place_write() -
     assert torch.equal(b.inputs["x"], x) and b.inputs["x"] is not a.out and torch.equal(b.out, x + 1)
 
 
+def test_a_residual_read_back_from_the_norms_input_is_that_inputs_copy(qwen, prompts, monkeypatch) -> None:
+    """HF's norm takes the residual as its input: the recorder reads it back from the copy its pre-hook made and
+    keeps that copy (one copy a call, not a copy of the copy), and its values are the input's at the norm's call."""
+    from ulptrace import record
+
+    sources, made = [], []
+    real = record._copy
+
+    def copy(t):
+        sources.append(t)
+        made.append(real(t))
+        return made[-1]
+
+    monkeypatch.setattr(record, "_copy", copy)
+    norm = qwen.model.layers[1].post_attention_layernorm
+    seen = []
+    handle = norm.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    try:
+        with Recorder(qwen, sites=select(site_table(qwen), ["layers.1.residual_attn"])) as rec:
+            qwen(prompts)
+    finally:
+        handle.remove()
+    assert not any(src is ours for src in sources for ours in made)  # never a copy of the recorder's own copy
+    assert any(torch.equal(src, seen[0]) for src in sources)  # the norm's input was copied (once, by its pre-hook)
+    assert torch.equal(rec.trace["layers.1.residual_attn", 0].out, seen[0])
+
+
 def test_recording_runs_the_garbage_collector_less_often_and_freezes_old_objects_until_exit(qwen, prompts) -> None:
     import gc
 
