@@ -269,19 +269,19 @@ def recording_collector() -> Iterator[None]:
 
 class _Emitter:
     """What a site's record is made of, resolved once per recorder: its name, kind and layer, the buffer keys of
-    its kept inputs (role, key), and every observation it reads (key, whether the key stays to the step's end)."""
+    its kept inputs (role, key), and the keys of every observation it reads."""
 
     __slots__ = ("inputs", "kind", "layer", "name", "reads")
 
-    def __init__(self, site: Site, keep_inputs: bool, to_step_end: set[str]) -> None:
+    def __init__(self, site: Site, keep_inputs: bool) -> None:
         self.name, self.kind, self.layer = site.name, site.kind, site.layer
         self.inputs = tuple((role, o.key) for role, o in site.inputs.items()) if keep_inputs else ()
-        reads = {site.out.key, *(key for _, key in self.inputs)}
-        self.reads = tuple((key, key in to_step_end) for key in sorted(reads))
+        self.reads = tuple(sorted({site.out.key, *(key for _, key in self.inputs)}))
 
 
 class _Entry(NamedTuple):
-    """One needed observation: its buffer key, how many sites read it, the sites whose output it is."""
+    """One needed observation: its buffer key, how many readers it has (sites; and a module's post-hook that reads
+    its own first argument back as the residual), the sites whose output it is."""
 
     key: str
     uses: int
@@ -291,15 +291,17 @@ class _Entry(NamedTuple):
 def _observation_plan(sites: Sequence[Site], needed: set[Obs], keep_inputs: bool) -> dict[str, dict[str, _Entry]]:
     """module path -> what is observed there -> its ``_Entry``: the recorder's hooks look each value up once.
 
-    A copy leaves the buffer once every site that reads it has emitted, so the recorder holds only what a later
-    site still needs, not a whole step — except the first argument of a module whose residual is observed (its
-    post-hook may read it as the residual), kept to the step's end."""
-    to_step_end = {f"{o.module}:in0" for o in needed if o.at == "residual"}
-    emitters = [(site, _Emitter(site, keep_inputs, to_step_end)) for site in sites]
+    A copy leaves the buffer once every reader has read it, so the recorder holds only what a later site still
+    needs, not a whole step. The first argument of a module whose residual is observed has one reader more: the
+    module's post-hook, which may read it back as the residual (HF's norms return one tensor)."""
+    emitters = [(site, _Emitter(site, keep_inputs)) for site in sites]
     uses: dict[str, int] = defaultdict(int)
     for _, emitter in emitters:
-        for key, _ in emitter.reads:
+        for key in emitter.reads:
             uses[key] += 1
+    for obs in needed:
+        if obs.at == "residual":
+            uses[f"{obs.module}:in0"] += 1
     by_out: dict[str, list[_Emitter]] = defaultdict(list)
     for site, emitter in emitters:
         by_out[site.out.key].append(emitter)
@@ -518,6 +520,8 @@ class Recorder:
                     held = self._buffer.get(f"{path}:in0")
                     values["residual"] = None if held is None else _Owned(held)
                 self._observe(path, values)
+                if "residual" in values and not self._capturing:
+                    self._release(f"{path}:in0")  # read back (or not needed) as the residual
         finally:
             self._compiled = True
 
@@ -588,6 +592,8 @@ class Recorder:
             if ats & {"state.conv", "state.recurrent"}:
                 values.update(self._gdn_states(module, kwargs))
             self._observe(path, values)
+            if "residual" in ats and not self._compiled and not self._capturing:
+                self._release(f"{path}:in0")  # read back (or not needed) as the residual
             if self._compiled:
                 self._queue.append(("call", path, None))
             else:
@@ -718,17 +724,21 @@ class Recorder:
             self._templates.append(record)
             return
         self.sink.add(record)
-        left = self._left
-        for key, to_step_end in site.reads:
-            count = left.get(key)
-            if count is not None:
-                if count <= 1 and not to_step_end:
-                    del left[key]
-                    buffer.pop(key, None)
-                else:
-                    left[key] = count - 1
+        for key in site.reads:
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        """One reader of observation ``key`` is done with it: the last one drops the recorder's copy."""
+        count = self._left.get(key)
+        if count is None:
+            return
+        if count <= 1:
+            del self._left[key]
+            self._buffer.pop(key, None)
+        else:
+            self._left[key] = count - 1
 
     def held(self) -> list[str]:
-        """The observations (``module:at``) the recorder still holds a copy of: those a site that has not emitted
-        yet in this step reads, and the first argument of modules whose residual is observed."""
+        """The observations (``module:at``) the recorder still holds a copy of: those a reader that has not read
+        them yet in this step needs (a site to emit, a post-hook to read its input back as the residual)."""
         return sorted(self._buffer)
