@@ -39,6 +39,25 @@ def test_fp32_rounding_is_outward():
     assert r.pt.item() == float.fromhex("0x1.555556p-2")  # RNE of 0x1.5555555...p-2
 
 
+def test_outward_rounding_steps_from_zeros_subnormals_and_the_largest_finite_value():
+    """Hand-derived FP32 neighbours (the rounding's stepping targets are made once per dtype and device)."""
+    tiny = 2.0**-149  # FP32's smallest subnormal
+    fmax = float.fromhex("0x1.fffffep127")
+    x = torch.tensor([-1e-50, 1e-50, tiny * 1.5, -tiny * 1.5, fmax * (1 + 2.0**-30), 0.0, -0.0], dtype=F64)
+    r = I.round_iv(Iv(x, x, None), torch.float32)
+    assert r.lo.tolist()[:5] == [-tiny, 0.0, tiny, -2 * tiny, fmax]
+    assert r.hi.tolist()[:5] == [-0.0, tiny, 2 * tiny, -tiny, math.inf]
+    assert [math.copysign(1, v) for v in r.lo.tolist()[5:]] == [1, -1]  # exact zeros keep their signs
+    assert math.copysign(1, r.hi[0].item()) == -1  # -1e-50 rounds up to -0.0, not +0.0
+
+
+def test_scalar_intervals_keep_the_sign_of_zero_and_their_device():
+    like = torch.zeros(3, dtype=F64)
+    neg, pos = I.scalar_iv(-0.0, like), I.scalar_iv(0.0, like)
+    assert torch.signbit(neg.lo) and not torch.signbit(pos.lo) and neg.lo.dtype == F64 and neg.lo.dim() == 0
+    assert I.scalar_iv(0.1, like).lo.item() == 0.1 and math.isnan(I.scalar_iv(math.nan, like).lo.item())
+
+
 def test_gamma_matches_its_definition():
     u = 2.0**-24
     assert I.gamma(1) == u / (1 - u) + 2.0**-52
