@@ -9,6 +9,9 @@ models (issue 11: "where a goal is not reached, say what bounds it — measure i
 2. ``hooks-no-copy``: both runs with recorders whose sink drops every record, observed tensors not copied (hook
    dispatch, the recorder's own work, records made) — a diagnostic layer, not a usable mode;
 3. ``hooks``: the same with the copies (one per observed tensor while it is unchanged);
+3a. ``reference``: the reference recorded and kept as ``run_onset`` keeps it (``MemorySink(device="auto")``, the
+   recording collector held), the candidate's generation untraced: ``onset`` less this is what the candidate's side
+   costs (its recorder and the streaming comparison);
 4. ``bookkeeping``: ``run_onset`` without the oracle, with the statistics replaced by a constant (reference kept,
    records aligned, comparisons started and finished, no statistics computed);
 5. ``onset``: ``run_onset`` as it is.
@@ -39,7 +42,7 @@ class _Drop:
         pass
 
 
-LAYERS = ("untraced", "dispatch", "clones", "hooks-no-copy", "hooks", "bookkeeping", "onset")
+LAYERS = ("untraced", "dispatch", "clones", "hooks-no-copy", "hooks", "reference", "bookkeeping", "onset")
 
 
 def timed(run, device: str) -> float:
@@ -60,7 +63,7 @@ def main() -> None:
     from ulptrace import comparison
     from ulptrace.paths import apply_path
     from ulptrace.probes import onset
-    from ulptrace.record import Recorder
+    from ulptrace.record import MemorySink, Recorder, recording_collector
     from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
     from ulptrace.ulp import PendingStats, RecordStats
 
@@ -126,6 +129,12 @@ def main() -> None:
         finally:
             record._copy = real_copy
 
+    def reference() -> None:
+        with recording_collector(), apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
+            with Recorder(ref, sites=selected_sites(ref, cfg), sink=MemorySink(device="auto")):
+                tokens = greedy(ref, prompts, cfg.new_tokens)
+            greedy(cand, prompts, cfg.new_tokens, forced=tokens)
+
     constant = RecordStats(True, 0, 0, {}, 0.0, {})
     real_stats = comparison.pending_stats
 
@@ -140,7 +149,7 @@ def main() -> None:
         onset.run_onset(cfg)
 
     every = {"untraced": untraced, "dispatch": dispatch, "clones": clones, "hooks-no-copy": hooks_no_copy, "hooks": hooks,
-             "bookkeeping": bookkeeping, "onset": full}
+             "reference": reference, "bookkeeping": bookkeeping, "onset": full}
     assert tuple(every) == LAYERS
     layers = {name: run for name, run in every.items() if name == "untraced" or name in args.layers}
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
