@@ -165,6 +165,12 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
     """
     if not iv.is_float or dtype == F64:
         return iv
+    if dtype != torch.float32 and dtype not in NARROW_DTYPES:
+        raise TypeError(f"the oracle rounds to float64, float32 or {NARROW_DTYPES}, but got {dtype}")
+    if iv.is_point:
+        exact = _fp32_point(iv, dtype)
+        if exact is not None:
+            return exact
     if dtype == torch.float32:
         pt = None if iv.pt is None else iv.pt.to(torch.float32).to(F64)
         lo = _down32(iv.lo).to(F64)
@@ -172,8 +178,6 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
         if iv.is_point and bool(torch.equal(lo, hi)):
             return Iv(lo, lo, pt)
         return Iv(lo, hi, pt)
-    if dtype not in NARROW_DTYPES:
-        raise TypeError(f"the oracle rounds to float64, float32 or {NARROW_DTYPES}, but got {dtype}")
     # from an FP32 value, torch's cast to BF16/FP16 is one correct RNE (the float64 -> narrow casts are
     # the ones that round twice); FP8 casts saturate in torch, so those go through round_to
     cast = (lambda t: t.to(dtype)) if dtype in (torch.bfloat16, torch.float16) else (lambda t: round_to(t, dtype))
@@ -183,6 +187,25 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
     if iv.is_point and bool(torch.equal(lo, hi)):
         return Iv(lo, lo, pt)
     return Iv(lo, hi, pt)
+
+
+def _fp32_point(iv: Iv, dtype: torch.dtype) -> Iv | None:
+    """``round_iv`` of a point whose every element is an FP32 value (an exact upcast, a product that fits — a fifth
+    of the replay's roundings): both outward roundings to FP32 are the identity, so the result is the point itself
+    (FP32) or its one narrow rounding — found with one comparison instead of both ends' roundings and the point's.
+    None when some element is not an FP32 value (or is NaN): ``round_iv``'s general path decides."""
+    y = iv.lo.to(torch.float32)
+    y64 = y.to(F64)
+    if not bool(torch.equal(y64, iv.lo)):
+        return None
+    shared = iv.pt is iv.lo  # the exact replay's point is this value: it rounds as the ends do
+    if dtype == torch.float32:
+        pt = None if iv.pt is None else y64 if shared else iv.pt.to(torch.float32).to(F64)
+        return Iv(y64, y64, pt)
+    narrow = (y.to(dtype) if dtype in (torch.bfloat16, torch.float16) else round_to(y, dtype)).to(F64)
+    # an FP32 value's round-to-odd is itself, so its one RNE to BF16/FP16 is the cast (FP8: rne's own path)
+    pt = None if iv.pt is None else narrow if shared and dtype in (torch.bfloat16, torch.float16) else rne(iv.pt, dtype)
+    return Iv(narrow, narrow, pt)
 
 
 def round_scalar(value: float, dtype: torch.dtype) -> float:

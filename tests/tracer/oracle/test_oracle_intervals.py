@@ -51,6 +51,34 @@ def test_outward_rounding_steps_from_zeros_subnormals_and_the_largest_finite_val
     assert math.copysign(1, r.hi[0].item()) == -1  # -1e-50 rounds up to -0.0, not +0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_point_of_fp32_values_rounds_to_a_point(dtype) -> None:
+    """A point whose elements are all FP32 values stays a point: FP32 keeps it, BF16/FP16 round each value once
+    (ground truth: numpy / ml_dtypes casts from float32); a point with one element that is not an FP32 value takes
+    the outward path (FP32: a proper interval around it)."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    f32 = np.concatenate([
+        rng.standard_normal(64).astype(np.float32) * np.float32(1e3),
+        np.array([0.0, -0.0, 2.0**-149, -(2.0**-126), 3.4e38, -np.inf, np.inf, 1 + 2.0**-8, 65520.0], dtype=np.float32),
+    ])
+    x = torch.from_numpy(f32.astype(np.float64))
+    r = I.round_iv(I.point(x), dtype)
+    assert r.is_point and r.pt is not None
+    with np.errstate(over="ignore"):  # 3.4e38 overflows FP16 to inf, as the cast must
+        want = {torch.float32: f32, torch.bfloat16: f32.astype(ml_dtypes.bfloat16), torch.float16: f32.astype(np.float16)}
+    expected = torch.from_numpy(np.asarray(want[dtype]).astype(np.float64))
+    assert torch.equal(r.lo.view(torch.int64), expected.view(torch.int64))  # signed zeros and infinities included
+    assert torch.equal(r.pt.view(torch.int64), expected.view(torch.int64))
+    y = torch.cat([x, torch.tensor([1 / 3], dtype=F64)])  # 1/3 is no FP32 value
+    r = I.round_iv(I.point(y), dtype)
+    assert (r.lo[:-1] == expected).all() and (r.hi[:-1] == expected).all()
+    if dtype == torch.float32:
+        assert not r.is_point and r.lo[-1].item() < 1 / 3 < r.hi[-1].item()
+
+
 def test_scalar_intervals_keep_the_sign_of_zero_and_their_device():
     like = torch.zeros(3, dtype=F64)
     neg, pos = I.scalar_iv(-0.0, like), I.scalar_iv(0.0, like)
