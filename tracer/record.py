@@ -517,11 +517,10 @@ class Recorder:
                     self._calls[path] += 1
                     continue
                 if values.get("residual", None) is _FROM_INPUT:
-                    held = self._buffer.get(f"{path}:in0")
-                    values["residual"] = None if held is None else _Owned(held)
+                    values["residual"] = self._input_copy(path)
                 self._observe(path, values)
-                if "residual" in values and not self._capturing:
-                    self._release(f"{path}:in0")  # read back (or not needed) as the residual
+                if "residual" in values:
+                    self._input_read(path)
         finally:
             self._compiled = True
 
@@ -584,22 +583,30 @@ class Recorder:
                 second = _first_tensor(output, 1) if isinstance(output, (tuple, list)) else None
                 if second is not None:
                     values["residual"] = second
-                elif self._compiled:
-                    values["residual"] = _FROM_INPUT
-                else:  # the copy this module's pre-hook made of its input
-                    held = self._buffer.get(f"{path}:in0")
-                    values["residual"] = None if held is None else _Owned(held)
+                else:
+                    values["residual"] = _FROM_INPUT if self._compiled else self._input_copy(path)
             if ats & {"state.conv", "state.recurrent"}:
                 values.update(self._gdn_states(module, kwargs))
             self._observe(path, values)
-            if "residual" in ats and not self._compiled and not self._capturing:
-                self._release(f"{path}:in0")  # read back (or not needed) as the residual
+            if "residual" in ats and not self._compiled:  # compiled: when the queue is drained
+                self._input_read(path)
             if self._compiled:
                 self._queue.append(("call", path, None))
             else:
                 self._calls[path] += 1
 
         return hook
+
+    def _input_copy(self, path: str) -> _Owned | None:
+        """The copy the pre-hook of module ``path`` made of its first argument, read back as its residual."""
+        held = self._buffer.get(f"{path}:in0")
+        return None if held is None else _Owned(held)
+
+    def _input_read(self, path: str) -> None:
+        """Module ``path``'s post-hook is done with its first argument (read back as the residual, or not needed):
+        one reader less (none while a graph is captured, where nothing is released)."""
+        if not self._capturing:
+            self._release(f"{path}:in0")
 
     def _gdn_enter(self, path: str) -> Callable:
         def hook(module: Any, args: tuple) -> None:

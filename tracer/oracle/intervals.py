@@ -172,21 +172,22 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
         if exact is not None:
             return exact
     if dtype == torch.float32:
+        # a point that gets here has an element that is NaN or no FP32 value: its ends differ, it stays an interval
         pt = None if iv.pt is None else iv.pt.to(torch.float32).to(F64)
-        lo = _down32(iv.lo).to(F64)
-        hi = _up32(iv.hi).to(F64)
-        if iv.is_point and bool(torch.equal(lo, hi)):
-            return Iv(lo, lo, pt)
-        return Iv(lo, hi, pt)
-    # from an FP32 value, torch's cast to BF16/FP16 is one correct RNE (the float64 -> narrow casts are
-    # the ones that round twice); FP8 casts saturate in torch, so those go through round_to
-    cast = (lambda t: t.to(dtype)) if dtype in (torch.bfloat16, torch.float16) else (lambda t: round_to(t, dtype))
-    lo = cast(_down32(iv.lo)).to(F64)
-    hi = cast(_up32(iv.hi)).to(F64)
+        return Iv(_down32(iv.lo).to(F64), _up32(iv.hi).to(F64), pt)
+    lo = _narrow(_down32(iv.lo), dtype).to(F64)
+    hi = _narrow(_up32(iv.hi), dtype).to(F64)
     pt = None if iv.pt is None else rne(iv.pt, dtype)
     if iv.is_point and bool(torch.equal(lo, hi)):
         return Iv(lo, lo, pt)
     return Iv(lo, hi, pt)
+
+
+def _narrow(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP32 values ``y`` rounded once to a narrow ``dtype``: from an FP32 value torch's cast to BF16/FP16 is one
+    correct RNE (the float64 -> narrow casts are the ones that round twice); FP8 casts saturate in torch, so those go
+    through ``round_to``."""
+    return y.to(dtype) if dtype in (torch.bfloat16, torch.float16) else round_to(y, dtype)
 
 
 def _fp32_point(iv: Iv, dtype: torch.dtype) -> Iv | None:
@@ -202,7 +203,7 @@ def _fp32_point(iv: Iv, dtype: torch.dtype) -> Iv | None:
     if dtype == torch.float32:
         pt = None if iv.pt is None else y64 if shared else iv.pt.to(torch.float32).to(F64)
         return Iv(y64, y64, pt)
-    narrow = (y.to(dtype) if dtype in (torch.bfloat16, torch.float16) else round_to(y, dtype)).to(F64)
+    narrow = _narrow(y, dtype).to(F64)
     # an FP32 value's round-to-odd is itself, so its one RNE to BF16/FP16 is the cast (FP8: rne's own path)
     pt = None if iv.pt is None else narrow if shared and dtype in (torch.bfloat16, torch.float16) else rne(iv.pt, dtype)
     return Iv(narrow, narrow, pt)
