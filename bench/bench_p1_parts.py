@@ -80,6 +80,8 @@ def main() -> None:
     unknown = [name for name in args.layers if name not in LAYERS]
     if unknown:
         p.error(f"--layers takes {', '.join(LAYERS)}, but got {', '.join(unknown)}")
+    if set(args.layers) <= {"untraced"}:
+        p.error(f"--layers names only the base 'untraced': name a layer to time against it ({', '.join(LAYERS[1:])})")
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
     built = build_pair(cfg)
