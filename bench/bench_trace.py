@@ -11,7 +11,9 @@ P1 is measured cold (the first traced run pays one-time costs such as Triton's c
 kernel, cached on disk for later processes) and warm: the least of ``--warm-repeats`` later runs of the same work
 (default 3, as the untraced pair is the least of 3 runs after its warm-up; before 2026-12-02 a single warm run);
 ``--profile FILE`` writes cProfile's top functions of a third run (profiled runs are not timed: the profiler
-slows Python-heavy code). ``bench/bench_p1_parts.py`` splits P1 into its layers.
+slows Python-heavy code). ``bench/bench_p1_parts.py`` splits P1 into its layers. ``--goals`` measures some goals
+only (P5 reads P1's first traced run); ``--reference-memory`` is onset's (where the reference's records wait: P5 at
+a long prompt is measured with ``host``, as ``auto`` keeps them on the GPU while half of it is free).
 
 ``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
 timings — removed), so two commits can be checked for identical verdicts, statistics and onsets
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 
 VOLATILE = ("versions", "device", "path_info", "observation")
+GOALS = ("P1", "P2", "P3", "P5")
 
 
 def _sync(device: str) -> None:
@@ -188,14 +191,25 @@ def main() -> None:
     p.add_argument("--json")
     p.add_argument("--warm-repeats", type=int, default=3, help="warm traced P1 runs; the least is reported")
     p.add_argument("--profile", help="write cProfile's top functions of the warm P1 run to this file")
+    p.add_argument("--goals", nargs="+", default=list(GOALS), metavar="GOAL",
+                   help=f"the goals to measure (default all: {' '.join(GOALS)}); P5 reads P1's traced run")
+    p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
+                   help="where the traced onsets keep the reference's records (onset's --reference-memory)")
     args = p.parse_args()
     check_workload(p, args)
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
+    unknown = [g for g in args.goals if g not in GOALS]
+    if unknown:
+        p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
-    out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__}
-    base = {"model": args.model, "candidate": args.candidate, "device": args.device}
+    out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
+                              "reference_memory": args.reference_memory,
+                              "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
+                                           "new_tokens": args.new_tokens}}
+    base = {"model": args.model, "candidate": args.candidate, "device": args.device,
+            "reference_memory": args.reference_memory}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
     cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
@@ -205,36 +219,42 @@ def main() -> None:
         traced(cfg, args.reports, "P1-no-oracle")
         traced(cfg3, args.reports, "P3-oracle")
         return
-    pair = untraced_pair(cfg)
-    seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
-    warm_all = [traced(cfg, None, "P1-warm")[0] for _ in range(args.warm_repeats)]
-    warm = min(warm_all)
-    if args.profile:  # a third run: the profiler slows Python-heavy code, so the warm figure is not taken from it
-        traced(cfg, None, "P1-profiled", args.profile)
-    out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
-                 "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_onset_all_s": warm_all}
-    print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
-          f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
-          f"(least of {args.warm_repeats})",
-          flush=True)
-    st = stats_bandwidth(args.device, args.stats_mib)
-    out["P2"] = st
-    print(f"P2 ULP statistics {args.stats_mib} MiB x2: {st['stats_GBps']:.1f} GB/s vs copy {st['copy_GBps']:.1f} GB/s"
-          f" = {100 * st['share_of_copy']:.1f}% of copy", flush=True)
-    pair3 = untraced_pair(cfg3)
-    seconds3, _ = traced(cfg3, args.reports, "P3-oracle")
-    out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}
-    print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps: {seconds3:.2f} s vs "
-          f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x", flush=True)
-    if args.device.startswith("cuda"):
+    goals = set(args.goals)
+    if goals & {"P1", "P5"}:
+        pair = untraced_pair(cfg)
+        seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
+    if "P1" in goals:
+        warm_all = [traced(cfg, None, "P1-warm")[0] for _ in range(args.warm_repeats)]
+        warm = min(warm_all)
+        if args.profile:  # a third run: the profiler slows Python-heavy code, so the warm figure is not taken from it
+            traced(cfg, None, "P1-profiled", args.profile)
+        out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
+                     "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_onset_all_s": warm_all}
+        print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
+              f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
+              f"(least of {args.warm_repeats})",
+              flush=True)
+    if "P2" in goals:
+        st = stats_bandwidth(args.device, args.stats_mib)
+        out["P2"] = st
+        print(f"P2 ULP statistics {args.stats_mib} MiB x2: {st['stats_GBps']:.1f} GB/s vs copy "
+              f"{st['copy_GBps']:.1f} GB/s = {100 * st['share_of_copy']:.1f}% of copy", flush=True)
+    if "P3" in goals:
+        pair3 = untraced_pair(cfg3)
+        seconds3, _ = traced(cfg3, args.reports, "P3-oracle")
+        out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}
+        print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps: {seconds3:.2f} s vs "
+              f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x", flush=True)
+    if "P5" in goals and args.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         untraced_pair(cfg)
         untraced_peak = torch.cuda.max_memory_allocated()
         out["P5"] = {"untraced_peak_bytes": untraced_peak, "onset_peak_bytes": peak,
                      "ratio": peak / untraced_peak}
-        print(f"P5 peak memory: onset {peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = "
-              f"{peak / untraced_peak:.2f}x", flush=True)
+        print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference {args.reference_memory}): onset "
+              f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x "
+              f"(onset {seconds:.2f} s vs untraced pair {pair:.2f} s)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 

@@ -37,8 +37,18 @@ from typing import Any, Protocol
 
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
+from ulptrace.record import LIVE_BYTES
 from ulptrace.trace import Record, Trace, dtype_name
-from ulptrace.ulp import FORMATS, PendingStats, RecordStats, StatsBatch, bits, pending_stats, resolve_stats
+from ulptrace.ulp import (
+    FORMATS,
+    PendingStats,
+    RecordStats,
+    StatsBatch,
+    bits,
+    merge_record_stats,
+    pending_stats,
+    resolve_stats,
+)
 
 ONSET_REASONS = ("verdict", "unjudged", "unobserved")
 COULD_NOT_JUDGE = "could_not_judge"
@@ -109,6 +119,37 @@ def _stats(a: torch.Tensor, b: torch.Tensor, rows: bool = True, batch: StatsBatc
     return RecordStats(bitwise_equal(a, b), int((a != b).sum()), None, {}, None, {})
 
 
+MOVE_CHUNK_BYTES = 256 << 20  # a reference on another device than its candidate moves over in parts this large
+
+
+class _Parts(tuple):
+    """The pending statistics of one pair compared in parts of whole rows (``ulptrace.ulp.merge_record_stats``)."""
+
+
+Stats = PendingStats | RecordStats | _Parts
+
+
+def _stats_to(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBatch | None) -> Stats:
+    """``_stats`` of a reference tensor and a candidate tensor, where the candidate's is: a reference kept on another
+    device (host memory) is copied over asynchronously — a large one in parts of whole rows of at most
+    ``MOVE_CHUNK_BYTES``, each part's statistics enqueued before the next part is copied, so comparing a long
+    prompt's logits needs one part's room on the device, not a second copy of them."""
+    where = cand.device
+    if ref.device == where:
+        return _stats(ref, cand, rows, batch)
+    if ref.nbytes <= MOVE_CHUNK_BYTES or ref.dim() == 0 or ref.dtype not in FORMATS or ref.shape != cand.shape:
+        return _stats(ref.to(where, non_blocking=True), cand, rows, batch)
+    n_cols = ref.shape[-1]
+    per = max(1, MOVE_CHUNK_BYTES // max(1, n_cols * ref.element_size()))
+    ref2, cand2 = ref.reshape(-1, n_cols), cand.reshape(-1, n_cols)
+    parts = []
+    for start in range(0, ref2.shape[0], per):
+        parts.append(_stats(ref2[start:start + per].to(where, non_blocking=True), cand2[start:start + per], rows, batch))
+        if batch is not None:
+            batch.launch()  # this part's copy is read before the next one is made
+    return _Parts(parts)
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` have the same shape, dtype and bit patterns (NaN payloads and signed zeros
     count): the one test of "this record is bitwise equal" (bit patterns come from ``ulptrace.ulp.bits``)."""
@@ -170,14 +211,14 @@ class KnownPairs:
     """
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[Any, Any, PendingStats | RecordStats]] = {}
+        self._pairs: dict[tuple[int, int], tuple[Any, Any, Stats]] = {}
 
-    def put(self, a: torch.Tensor, b: torch.Tensor, stats: PendingStats | RecordStats) -> None:
+    def put(self, a: torch.Tensor, b: torch.Tensor, stats: Stats) -> None:
         if len(self._pairs) > 4096:  # drop the entries of tensors that are gone
             self._pairs = {k: v for k, v in self._pairs.items() if v[0]() is not None and v[1]() is not None}
         self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats)
 
-    def get(self, a: torch.Tensor, b: torch.Tensor) -> PendingStats | RecordStats | None:
+    def get(self, a: torch.Tensor, b: torch.Tensor) -> Stats | None:
         entry = self._pairs.get((id(a), id(b)))
         return entry[2] if entry is not None and entry[0]() is a and entry[1]() is b else None
 
@@ -207,10 +248,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
                       f"candidate has {dtype_name(cand.dtype)} {list(cand.shape)}",
         }
     # statistics where the candidate's record was produced, started without waiting for the device
-    where = cand.device
-    if ref.device != where:
-        ref = ref.to(where, non_blocking=True)
-    inputs: dict[str, PendingStats | RecordStats | None] = {}
+    inputs: dict[str, Stats | None] = {}
     for role, r_in in reference.inputs.items():
         c_in = candidate.inputs.get(role)
         if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
@@ -218,12 +256,11 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             continue
         seen = known.get(r_in, c_in) if known is not None else None
         if seen is None:
-            seen = _stats(r_in if r_in.device == c_in.device else r_in.to(c_in.device, non_blocking=True), c_in,
-                          False, batch)
+            seen = _stats_to(r_in, c_in, False, batch)
             if known is not None:
                 known.put(r_in, c_in, seen)
         inputs[role] = seen
-    stats = _stats(ref, cand, True, batch)
+    stats = _stats_to(ref, cand, True, batch)
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
@@ -242,17 +279,20 @@ class _PendingDiff:
     shape: list[int]
     dtype: str
     note: str | None
-    stats: PendingStats | RecordStats
-    inputs: dict[str, PendingStats | RecordStats | None]
+    stats: Stats
+    inputs: dict[str, Stats | None]
     judged: dict[str, Any] | None = None
 
 
 def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
     """The ``SiteDiff`` of each ``start_diff`` result, in order, waiting for the device once."""
-    waiting = [x for p in pending for x in (p.stats, *p.inputs.values()) if isinstance(x, PendingStats)]
+    waiting = [x for p in pending for s in (p.stats, *p.inputs.values())
+               for x in (s if type(s) is _Parts else (s,)) if isinstance(x, PendingStats)]
     results = iter(resolve_stats(waiting))
 
-    def done(x: PendingStats | RecordStats) -> RecordStats:
+    def done(x: Stats) -> RecordStats:
+        if type(x) is _Parts:
+            return merge_record_stats([done(part) for part in x])
         return next(results) if isinstance(x, PendingStats) else x
 
     diffs = []
@@ -502,10 +542,14 @@ class StreamingComparator:
     of up to ``BATCH`` records are read from the device together (``result.sites`` is complete after
     ``finish``), so the traced run is not stopped at every site to wait for them, and they are launched together
     (``ulptrace.ulp.StatsBatch``: a few kernel launches per step instead of one per record; a recorder's records
-    are copies nothing writes to, as a batch requires).
+    are copies nothing writes to, as a batch requires). A recorder hands it values of ``live_bytes`` or more
+    uncopied (``ulptrace.record.Sink.live_bytes``): a record holding one has its statistics launched before ``add``
+    returns, so they read the value as it was observed — a long prompt's logits are compared where the model left
+    them, never copied.
     """
 
     BATCH = 256
+    live_bytes = LIVE_BYTES
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
                  metadata: dict[str, Any] | None = None, release: bool = False) -> None:
@@ -534,6 +578,9 @@ class StreamingComparator:
         if isinstance(diff, dict):
             self.result.mismatched.append(diff)
             return
+        live = self.live_bytes
+        if record.out.nbytes >= live or any(t.nbytes >= live for t in record.inputs.values()):
+            self._batch.launch()  # it may hold the model's own values (Sink.live_bytes): read them now
         self._pending.append(diff)  # its statistics are read, with the next ones', without stalling the run
         if len(self._pending) >= self.BATCH:
             self._flush()

@@ -62,9 +62,16 @@ class _Owned(NamedTuple):
 
 
 class Sink(Protocol):
-    """Receives records in execution order; may also define ``set_metadata(dict)``, called on entry."""
+    """Receives records in execution order; may also define ``set_metadata(dict)``, called on entry, and
+    ``live_bytes`` (an int): then a record's tensors of at least that many bytes may be the model's own values, not
+    copies — valid only while ``add`` runs, so the sink reads them there (a kernel enqueued on the stream counts) or
+    copies what it keeps. A value that large, whose readers are all served by records emitted where it is observed
+    (the logits), then is never copied on the device (``LIVE_BYTES``)."""
 
     def add(self, record: Record) -> None: ...
+
+
+LIVE_BYTES = 64 << 20  # values of this size and more go uncopied to sinks that take them (Sink.live_bytes)
 
 
 class MemorySink:
@@ -86,6 +93,10 @@ class MemorySink:
         self._trace = Trace(metadata)
         self.auto = device == "auto"
         self.device = torch.device("cpu") if self.auto else None if device is None else torch.device(device)
+        # into host memory, a large value is copied there straight from the model's own tensor (no device copy
+        # first: a long prompt's logits are gigabytes); one already in host memory is copied here (Sink.live_bytes)
+        self.live_bytes = LIVE_BYTES if self.device is not None and self.device.type == "cpu" and not self.auto \
+            else None
         self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
         self._budget: dict[torch.device, int] = {}
 
@@ -135,7 +146,21 @@ class MemorySink:
 
             record = Record(record.site, record.step, record.kind, record.layer, move(record.out),
                             {role: move(t) for role, t in record.inputs.items()})
+        elif self.live_bytes is not None:  # already in host memory: a large tensor may be the model's own
+            record = _owned_record(record, self.live_bytes)
         self._trace.add(record)
+
+
+def _owned_record(record: Record, live_bytes: int) -> Record:
+    """``record`` with each tensor of ``live_bytes`` or more replaced by a copy (one per tensor), for a sink that keeps
+    records it may have been handed uncopied (``Sink.live_bytes``)."""
+    big = [t for t in (record.out, *record.inputs.values()) if t.nbytes >= live_bytes]
+    if not big:
+        return record
+    copies = {id(t): _copy(t) for t in big}
+    own = lambda t: copies.get(id(t), t)
+    return Record(record.site, record.step, record.kind, record.layer, own(record.out),
+                  {role: own(t) for role, t in record.inputs.items()})
 
 
 def _first_tensor(value: Any, index: int = 0) -> torch.Tensor | None:
@@ -361,6 +386,7 @@ class Recorder:
         self._templates: list[Record] = []  # records of a captured graph step (their tensors are graph buffers)
         self._compiled = False  # the model is compiled in place: hooks queue copies, records are made after the call
         self._queue: list[tuple[str, str, Any]] = []  # compiled mode: ("obs", path, values) / ("call", path, None)
+        self._live: int | None = getattr(self.sink, "live_bytes", None)  # Sink.live_bytes
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -518,7 +544,8 @@ class Recorder:
                     continue
                 if values.get("residual", None) is _FROM_INPUT:
                     values["residual"] = self._input_copy(path)
-                self._observe(path, values)
+                # the graph's copies are the recorder's own: kept as they are
+                self._observe(path, {at: _Owned(v) if isinstance(v, torch.Tensor) else v for at, v in values.items()})
                 if "residual" in values:
                     self._input_read(path)
         finally:
@@ -683,7 +710,8 @@ class Recorder:
         if plan is None:
             return
         buffer, left = self._buffer, self._left
-        fired = []
+        live_bytes = None if self._capturing else self._live
+        fired, live = [], []
         for at, value in values.items():
             entry = plan.get(at)  # None: nobody reads this observation
             if entry is None:
@@ -692,7 +720,13 @@ class Recorder:
             if value is None:
                 buffer.pop(key, None)
                 continue
-            buffer[key] = value.copy if type(value) is _Owned else self._copy_once(value)
+            if type(value) is _Owned:
+                buffer[key] = value.copy
+            elif live_bytes is not None and value.nbytes >= live_bytes:  # the sink reads it in add (Sink.live_bytes)
+                buffer[key] = value
+                live.append((key, value))
+            else:
+                buffer[key] = self._copy_once(value)
             left[key] = entry.uses
             if entry.emitters:
                 fired.append(entry)
@@ -700,6 +734,9 @@ class Recorder:
             out = buffer[entry.key]
             for emitter in entry.emitters:
                 self._emit(emitter, out, path)
+        for key, value in live:  # still needed by a later reader: copied now, unchanged since it was observed
+            if buffer.get(key) is value:
+                buffer[key] = self._copy_once(value)
 
     def _copy_once(self, value: torch.Tensor) -> torch.Tensor:
         """A copy of ``value``: the one made earlier in this step when the same tensor, unchanged since (its version

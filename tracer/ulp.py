@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -48,6 +49,7 @@ __all__ = [
     "from_ordering_key",
     "grouped_histograms",
     "merge_histograms",
+    "merge_record_stats",
     "next_down",
     "next_up",
     "ordering_key",
@@ -731,6 +733,31 @@ class RecordStats(NamedTuple):
     histogram: dict[str, int]
     max_row_ulp: float | None  # largest finite row_ulp_distance (0.0 when none; None: not computed)
     row_histogram: dict[str, int]  # row_histogram(row_ulp_distance(a, b)) ({} when not computed)
+
+
+def merge_record_stats(parts: Sequence[RecordStats]) -> RecordStats:
+    """The :class:`RecordStats` of a tensor pair from those of its parts, split between whole rows (a large record
+    compared in chunks): counts and histograms add, maxima are the largest part's, equal when every part is. Equal
+    to the statistics of the whole (tested), as rows never span parts.
+
+    Raises:
+        ValueError: no parts, or parts with and without row statistics.
+    """
+    if not parts:
+        raise ValueError("merge_record_stats needs at least one part")
+    rows = {p.max_row_ulp is None for p in parts}
+    if len(rows) > 1:
+        raise ValueError("parts must all have row statistics or none")
+    if len(parts) == 1:
+        return parts[0]
+    maxima = [p.max_ulp for p in parts if p.max_ulp is not None]
+    no_rows = rows == {True}
+    return RecordStats(
+        all(p.equal for p in parts), sum(p.differing for p in parts), max(maxima) if maxima else None,
+        merge_histograms(*(p.histogram for p in parts)),
+        None if no_rows else max(p.max_row_ulp for p in parts),
+        {} if no_rows else {b: sum(p.row_histogram[b] for p in parts) for b in ROW_HISTOGRAM_BUCKETS},
+    )
 
 
 class PendingStats:

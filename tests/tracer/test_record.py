@@ -272,3 +272,81 @@ def test_recording_runs_the_garbage_collector_less_often_and_freezes_old_objects
         assert gc.get_threshold()[0] == RECORDING_GC_THRESHOLD * 2
     finally:
         gc.set_threshold(*before)
+
+
+class _RawChain(_Chain):
+    """As ``_Chain``, but b writes its input in place behind the version counter (through ``.data``, as an extension
+    kernel writing through a pointer does) and returns twice the result: only what was read or copied before b ran
+    keeps a's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.b.forward = lambda x: (x.data.add_(1), x * 2)[1]
+
+
+class _KeepLive:
+    """A sink taking every value uncopied (``live_bytes = 0``) that keeps, as a correct one must, what it read in
+    ``add``: clones, and which tensors it was handed."""
+
+    live_bytes = 0
+
+    def __init__(self) -> None:
+        self.records, self.handed = {}, {}
+
+    def add(self, record) -> None:
+        self.records[record.key] = (record.out.clone(), {k: v.clone() for k, v in record.inputs.items()})
+        self.handed[record.key] = (record.out, dict(record.inputs))
+
+
+def test_a_sink_taking_live_values_gets_the_models_own_output_only_where_every_reader_is_served_at_once() -> None:
+    """With ``Sink.live_bytes`` a value read only by the records emitted where it is observed goes to the sink
+    uncopied (the model's own tensor); one a later record still reads (an input observed before its module ran) is
+    copied before the model goes on, so a write behind the version counter does not reach it. What the sink reads
+    in ``add`` equals what a recorder of copies records."""
+    outputs = {}
+    model = _RawChain()
+    for name in "abc":
+        getattr(model, name).register_forward_hook(lambda m, args, out, name=name: outputs.setdefault(name, out))
+    x = torch.arange(4.0)
+    sink = _KeepLive()
+    with Recorder(model, sites=_chain_sites(), sink=sink) as rec:
+        model(x)
+    assert rec.held() == []
+    for name in "abc":  # each site's output is read by its own record only: handed over as it is
+        assert sink.handed[name, 0][0] is outputs[name]
+    assert sink.handed["b", 0][1]["x"] is not outputs["a"]  # b's input is read after b ran: a copy
+    with Recorder(_RawChain(), sites=_chain_sites()) as copied:  # the default sink: every value copied
+        copied.model(x)
+    for name in "abc":
+        out, inputs = sink.records[name, 0]
+        assert torch.equal(out, copied.trace[name, 0].out)
+        assert inputs.keys() == copied.trace[name, 0].inputs.keys()
+        assert all(torch.equal(v, copied.trace[name, 0].inputs[k]) for k, v in inputs.items())
+    assert torch.equal(sink.records["a", 0][0], x) and torch.equal(sink.records["b", 0][1]["x"], x)
+    assert torch.equal(sink.records["b", 0][0], 2 * (x + 1))
+
+
+def test_a_host_memory_sink_copies_large_values_it_is_handed_in_host_memory(qwen, prompts) -> None:
+    """``MemorySink(device="cpu")`` takes large values uncopied (on a GPU it copies them straight to the host); a
+    value already in host memory it copies itself, so a record it keeps never aliases the model's tensors and the
+    trace equals the default sink's, bit for bit."""
+    from ulptrace.record import LIVE_BYTES, MemorySink
+
+    sink = MemorySink(device="cpu")
+    assert sink.live_bytes == LIVE_BYTES and MemorySink().live_bytes is None and MemorySink(device="auto").live_bytes is None
+    sink.live_bytes = 0  # every value handed over as it is
+    model = _RawChain()
+    x = torch.arange(4.0)
+    with Recorder(model, sites=_chain_sites(), sink=sink):
+        model(x)
+    assert torch.equal(sink.trace["a", 0].out, x)  # copied in add, before b wrote it behind the version counter
+    with Recorder(qwen, sites=site_table(qwen)[:40]) as plain:
+        greedy(qwen, prompts, 2)
+    live = MemorySink(device="cpu")
+    live.live_bytes = 0
+    with Recorder(qwen, sites=site_table(qwen)[:40], sink=live):
+        greedy(qwen, prompts, 2)
+    assert plain.trace.keys() == live.trace.keys()
+    for record in plain.trace:
+        other = live.trace[record.key]
+        assert torch.equal(other.out, record.out) and other.inputs.keys() == record.inputs.keys()

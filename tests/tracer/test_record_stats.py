@@ -280,3 +280,29 @@ def test_large_pairs_split_over_threads_give_the_same_statistics(monkeypatch) ->
         assert results[0] == results[1], shape
         assert results[1][0] == _expected(a, b), shape
         assert results[1][1][:4] == _expected(a, b)[:4], shape
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_statistics_merged_from_parts_of_whole_rows_equal_those_of_the_whole(dtype) -> None:
+    """A pair compared in parts of whole rows (a host reference moved over part by part) merges into exactly the
+    whole's statistics — every field, with special values and equal rows in some parts only — and is checked against
+    the definitions, not only against the whole pass; bad parts are named."""
+    from ulptrace.ulp import merge_record_stats
+
+    for name, a, b in _cases(dtype):
+        if a.dim() < 2 or a.shape[0] < 3:
+            continue
+        for rows in (True, False):
+            whole = resolve_stats([pending_stats(a, b, rows=rows)])[0]
+            parts = [resolve_stats([pending_stats(a[i:j].contiguous(), b[i:j].contiguous(), rows=rows)])[0]
+                     for i, j in ((0, 1), (1, 4), (4, a.shape[0]))]
+            merged = merge_record_stats(parts)
+            assert merged == whole, name
+            if rows:
+                assert tuple(merged) == _expected(a, b), name
+    a, b = next((x, y) for n, x, y in _cases(dtype) if n == "differ")
+    with_rows, without = record_stats(a, b), resolve_stats([pending_stats(a, b, rows=False)])[0]
+    with pytest.raises(ValueError, match="at least one part"):
+        merge_record_stats([])
+    with pytest.raises(ValueError, match="row statistics or none"):
+        merge_record_stats([with_rows, without])

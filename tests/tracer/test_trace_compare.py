@@ -10,8 +10,8 @@ import torch
 from ulptrace.comparison import StreamingComparator, compare
 from ulptrace.faults import inject_fault
 from ulptrace.probes.onset import run_onset
-from ulptrace.run import RunConfig, greedy
 from ulptrace.record import Recorder
+from ulptrace.run import RunConfig, greedy
 from ulptrace.trace import LazyTrace, TraceError, load_trace
 
 
@@ -228,3 +228,68 @@ def test_batched_cuda_comparison_equals_the_cpu_pass_on_a_real_run() -> None:
     cpu = compare(Trace(ref.metadata, on_cpu(ref)), on_cpu(cand)).to_json()
     assert len(gpu["sites"]) > 100 and any(not s["bitwise_equal"] for s in gpu["sites"])
     assert gpu["sites"] == cpu["sites"]
+
+
+def _live_comparison(device: str, monkeypatch, chunk: int | None = None) -> tuple[dict, dict]:
+    """(streamed with every value handed over live, streamed with copies) of tiny-qwen3.5's HF path against the
+    fused kernels on ``device``, the reference kept in host memory (``chunk``: its parts' size on the way over)."""
+    from contextlib import ExitStack
+
+    import ulptrace.comparison as C
+    from ulptrace.probes.onset import record_pair
+    from ulptrace.record import MemorySink
+
+    cfg = RunConfig(model="tiny-qwen3.5", device=device, candidate="kernels:fused", prompts=3, prompt_len=20,
+                    new_tokens=3, oracle=False)
+    with ExitStack() as stack:
+        ref, cand, _, _ = record_pair(cfg, stack)
+    host = MemorySink(device="cpu")
+    for record in ref:
+        host.add(record)
+    reference = host.trace
+    if chunk is not None:
+        monkeypatch.setattr(C, "MOVE_CHUNK_BYTES", chunk)
+    results = []
+    for live in (0, None):
+        sink = StreamingComparator(reference)
+        sink.live_bytes = live if live is not None else 1 << 62
+        for record in cand:
+            sink.add(record)
+        results.append(sink.finish().to_json())
+    return results[0], results[1]
+
+
+def test_a_comparator_handed_live_values_gives_the_figures_of_copies(monkeypatch) -> None:
+    """Every candidate value handed over uncopied (``live_bytes = 0``) gives the same comparison as copies."""
+    live, copies = _live_comparison("cpu", monkeypatch)
+    assert len(live["sites"]) > 100 and any(not s["bitwise_equal"] for s in live["sites"])
+    assert live == copies
+
+
+@pytest.mark.gpu
+def test_live_values_and_a_host_reference_moved_over_in_parts_give_the_figures_of_a_whole_comparison(monkeypatch
+                                                                                                 ) -> None:
+    """On the GPU: the candidate's values handed over live (their statistics launched in ``add``) and a reference
+    in host memory moved over in parts of whole rows give exactly the figures of copies compared whole."""
+    live, copies = _live_comparison("cuda", monkeypatch, chunk=4096)
+    assert len(live["sites"]) > 100 and any(not s["bitwise_equal"] for s in live["sites"])
+    assert live == copies
+    assert live == _live_comparison("cuda", monkeypatch)[1]  # and those of parts as large as the default
+
+
+@pytest.mark.gpu
+def test_a_live_value_written_behind_the_version_counter_after_add_is_compared_as_observed() -> None:
+    """A record holding a live value has its statistics launched before ``add`` returns: a write that the model
+    makes right after (through ``.data``, which no version counter sees) does not reach the comparison."""
+    from ulptrace.trace import Record, Trace
+
+    ref = torch.randn(64, 128, device="cuda").bfloat16()
+    reference = Trace()
+    reference.add(Record("s", 0, "norm", 0, ref, {}))
+    cand = ref.clone()
+    sink = StreamingComparator(reference)
+    sink.live_bytes = 0
+    sink.add(Record("s", 0, "norm", 0, cand, {}))
+    cand.data.add_(1)  # the model writes its value in place after the record was handed over
+    site = sink.finish().sites[0]
+    assert site.bitwise_equal and site.differing == 0
