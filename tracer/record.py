@@ -46,7 +46,7 @@ import torch
 from ulptrace.families import is_gated_deltanet
 from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, attention_lookup, site_table, submodule
 from ulptrace.taps import tap
-from ulptrace.trace import HostCopies, Record, Trace, dtype_name, library_versions
+from ulptrace.trace import Record, Trace, dtype_name, library_versions
 
 _INPUT_NAMES = ("hidden_states", "x", "input", "hidden")
 RECORDING_GC_THRESHOLD = 100_000  # allocations between the garbage collector's young passes while recording
@@ -98,7 +98,6 @@ class MemorySink:
         self.live_bytes = LIVE_BYTES if self.device is not None and self.device.type == "cpu" and not self.auto \
             else None
         self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
-        self._host = HostCopies()
         self._budget: dict[torch.device, int] = {}
 
     @property
@@ -139,11 +138,10 @@ class MemorySink:
 
             def move(t: torch.Tensor) -> torch.Tensor:
                 if id(t) not in moved:
-                    if t.is_cuda and self.device.type == "cpu":  # into pinned memory, waited for by .trace
-                        moved[id(t)] = self._host.copy(t)
+                    later = t.is_cuda and self.device.type == "cpu"  # into pinned memory, waited for by .trace
+                    moved[id(t)] = t.to(self.device, non_blocking=later)
+                    if later:
                         self._copying.add(t.device)
-                    else:
-                        moved[id(t)] = t.to(self.device)
                 return moved[id(t)]
 
             record = Record(record.site, record.step, record.kind, record.layer, move(record.out),

@@ -156,42 +156,10 @@ class Trace:
         return writer.close()
 
 
-class HostCopies:
-    """Asynchronous copies of GPU tensors into pinned host memory, carved out of slabs of ``SLAB`` bytes.
-
-    Each pinned allocation is a page-locking call to the driver: one per record tensor cost a traced run with its
-    reference in host memory ~7 s of ~10 on the H200 the first time (0.8B shape, 8 x 128, ~9,400 tensors; torch
-    caches pinned blocks within a process, so only later runs were fast). Tensors of up to a quarter slab share a
-    slab (each a contiguous view of it, never overlapping another); larger ones get their own block. A slab is freed
-    when the last tensor carved from it is. The copies are enqueued on the current stream: synchronise before
-    reading them, as after ``Tensor.to(..., non_blocking=True)``.
-    """
-
-    SLAB = 64 << 20
-    ALIGN = 64
-
-    def __init__(self) -> None:
-        self._slab: torch.Tensor | None = None
-        self._used = 0
-
-    def copy(self, t: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of CUDA tensor ``t`` in pinned host memory (its dtype and shape), not waited for."""
-        n = t.nbytes
-        if n == 0 or n > self.SLAB // 4:
-            return t.to("cpu", non_blocking=True)
-        start = -(-self._used // self.ALIGN) * self.ALIGN
-        if self._slab is None or start + n > self.SLAB:
-            self._slab, start = torch.empty(self.SLAB, dtype=torch.uint8, pin_memory=True), 0
-        self._used = start + n
-        host = self._slab[start:start + n].view(t.dtype).view(t.shape)
-        host.copy_(t, non_blocking=True)
-        return host
-
-
 def _own_storage(t: torch.Tensor) -> torch.Tensor:
     """``t`` on the host with a storage of its own (safetensors refuses tensors whose storage others share)."""
-    if t.is_cuda:
-        return t.detach().contiguous().to("cpu", non_blocking=True)
+    if t.device.type != "cpu":  # a copy of its own (from a GPU into pinned memory, not waited for)
+        return t.detach().contiguous().to("cpu", non_blocking=t.is_cuda)
     t = t.detach()
     return t if t.is_contiguous() and t.untyped_storage().nbytes() == t.nbytes else t.clone(
         memory_format=torch.contiguous_format)
@@ -263,7 +231,7 @@ class TraceWriter:
         name = _shard_name(self._step)  # type: ignore[arg-type]
         devices = {v.device for v in self._pending.values() if v.is_cuda}
         # GPU tensors go to pinned host memory asynchronously; the writer waits for those copies (an event); a host
-        # tensor that is a view of a larger storage (a slab of HostCopies, a slice) is copied out of it
+        # tensor that is a view of a larger storage (a slice) is copied out of it
         tensors = {k: _own_storage(v) for k, v in self._pending.items()}
         events = []
         for device in devices:
