@@ -113,13 +113,14 @@ def main() -> None:
             Recorder._observe = real_observe
 
     def dispatch() -> None:
-        observing(lambda self, path, values: None)
+        observing(lambda self, path, values, outputs=False: None)
 
-    def clone_needed(self, path, values) -> None:
+    def clone_needed(self, path, values, outputs=False) -> None:
+        self._serial += 1
         plan = self._plan.get(path, {})
         for at, value in values.items():
             if isinstance(value, torch.Tensor) and at in plan:  # not a value the recorder already holds a copy of
-                self._copy_once(value)
+                self._copy_once(value, outputs)
 
     def clones() -> None:
         observing(clone_needed)

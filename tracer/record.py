@@ -368,7 +368,9 @@ class Recorder:
         self.step = -1
         self._handles: list[Any] = []
         self._buffer: dict[str, torch.Tensor] = {}
-        self._copies: dict[int, tuple[Any, int, Any]] = {}  # id(observed) -> (it, its version, its copy), weakly
+        # id(observed) -> (it, its version, its copy, the observing call's serial), the first and third weakly
+        self._copies: dict[int, tuple[Any, int, Any, int]] = {}
+        self._serial = 0  # counts _observe calls
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
         self._needed: set[Obs] = {s.out for s in self.sites}
@@ -614,7 +616,7 @@ class Recorder:
                     values["residual"] = _FROM_INPUT if self._compiled else self._input_copy(path)
             if ats & {"state.conv", "state.recurrent"}:
                 values.update(self._gdn_states(module, kwargs))
-            self._observe(path, values)
+            self._observe(path, values, outputs=True)
             if "residual" in ats and not self._compiled:  # compiled: when the queue is drained
                 self._input_read(path)
             if self._compiled:
@@ -700,7 +702,10 @@ class Recorder:
             self._paths = {id(m): name for name, m in self.model.named_modules()}
         return self._paths
 
-    def _observe(self, path: str, values: dict[str, Any]) -> None:
+    def _observe(self, path: str, values: dict[str, Any], outputs: bool = False) -> None:
+        """Buffer (copy) what the sites need of ``values`` observed at module ``path`` and emit the records they
+        complete; ``outputs``: values a module call left (a post-hook), see ``_copy_once``."""
+        self._serial += 1
         if self._compiled:  # inside the graph: copy what is needed, make records after the call (_drain)
             needed = {at: (v if v is None or v is _FROM_INPUT else _copy(v)) for at, v in values.items()
                       if Obs(path, at) in self._needed}
@@ -726,7 +731,7 @@ class Recorder:
                 buffer[key] = value
                 live.append((key, value))
             else:
-                buffer[key] = self._copy_once(value)
+                buffer[key] = self._copy_once(value, outputs)
             left[key] = entry.uses
             if entry.emitters:
                 fired.append(entry)
@@ -736,22 +741,28 @@ class Recorder:
                 self._emit(emitter, out, path)
         for key, value in live:  # still needed by a later reader: copied now, unchanged since it was observed
             if buffer.get(key) is value:
-                buffer[key] = self._copy_once(value)
+                buffer[key] = self._copy_once(value, outputs)
 
-    def _copy_once(self, value: torch.Tensor) -> torch.Tensor:
+    def _copy_once(self, value: torch.Tensor, outputs: bool = False) -> torch.Tensor:
         """A copy of ``value``: the one made earlier in this step when the same tensor, unchanged since (its version
         counter) and still copied (the copy is held only by records and the buffer), was observed under another
         name — a layer's output is the next layer's input — else a new one. Shared copies also let a comparison
-        compare such a pair once (``ulptrace.comparison.KnownPairs``)."""
+        compare such a pair once (``ulptrace.comparison.KnownPairs``).
+
+        ``outputs`` (a module call's results): only a copy made in the same observation is reused. A module may
+        write a tensor in place behind the version counter — a kernel registered with ``Tensor(a!)`` writes through
+        its pointer and no counter moves, as vLLM's fused add + RMSNorm does to its residual, which it returns — so
+        a copy of its input made before the call would be shown as its output."""
         if value.is_inference():  # no version counter: always a new copy
             return _copy(value)
         entry = self._copies.get(id(value))
-        if entry is not None and entry[0]() is value and entry[1] == value._version:
+        if entry is not None and entry[0]() is value and entry[1] == value._version \
+                and (not outputs or entry[3] == self._serial):
             copy = entry[2]()
             if copy is not None:
                 return copy
         copy = _copy(value)
-        self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy))
+        self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial)
         return copy
 
     def _emit(self, site: _Emitter, out: torch.Tensor, path: str) -> None:

@@ -350,3 +350,40 @@ def test_a_host_memory_sink_copies_large_values_it_is_handed_in_host_memory(qwen
     for record in plain.trace:
         other = live.trace[record.key]
         assert torch.equal(other.out, record.out) and other.inputs.keys() == record.inputs.keys()
+
+
+class _InPlaceNorm(torch.nn.Module):
+    """Adds the residual into its input in place behind the version counter (as a kernel registered with ``Tensor(a!)``
+    writes through its pointer) and returns (normed, that input) — vLLM's fused add + RMSNorm."""
+
+    def forward(self, x, residual):
+        x.data.add_(residual)
+        return x * 2, x
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm = torch.nn.Identity(), _InPlaceNorm()
+
+    def forward(self, x, residual):
+        return self.norm(self.a(x.clone()), residual)
+
+
+def test_a_modules_output_written_in_place_behind_the_version_counter_is_copied_after_the_call() -> None:
+    """A module that writes its input in place without moving the version counter and returns it: the recorder shows
+    the input as it was before the call and the output as the call left it — never the input's earlier copy as the
+    output (a copy of an unchanged tensor is reused only for observations made before the module ran again)."""
+    from ulptrace.sites import Obs, Site
+
+    sites = [Site("a", "other", None, Obs("a", "out")),
+             Site("norm", "norm", None, Obs("norm", "out"), {"x": Obs("norm", "in0"), "residual": Obs("norm", "in1")}),
+             Site("norm.residual", "other", None, Obs("norm", "out1"))]
+    x, residual = torch.arange(4.0), torch.full((4,), 10.0)
+    model = _Block()
+    with Recorder(model, sites=sites) as rec:
+        model(x, residual)
+    assert torch.equal(rec.trace["a", 0].out, x) and torch.equal(rec.trace["norm", 0].inputs["x"], x)
+    assert torch.equal(rec.trace["norm", 0].out, 2 * (x + residual))
+    assert torch.equal(rec.trace["norm.residual", 0].out, x + residual)  # was x: a's copy, reused
+    assert rec.trace["norm", 0].inputs["x"] is rec.trace["a", 0].out  # before the call: still one copy
