@@ -16,7 +16,15 @@ from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
 from ulptrace.oracle.sharding import ShardedReduction
-from ulptrace.ulp import FORMATS, HISTOGRAM_BUCKETS, grouped_histograms, round_to, same_bits, ulp_distance
+from ulptrace.ulp import (
+    FORMATS,
+    HISTOGRAM_BUCKETS,
+    grouped_histograms,
+    ordering_key,
+    round_to,
+    same_bits,
+    ulp_distance,
+)
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
@@ -120,13 +128,21 @@ def _check_output(program: Program, output: torch.Tensor, what: str) -> None:
         raise TypeError(f"{program.where()}: {what} must be a floating tensor, but got {output.dtype}")
 
 
-def _distance(v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """ULP distance (in ``dtype``, float32 if unsupported) from ``v`` to the nearer of ``lo``/``hi``."""
-    dtype = dtype if dtype in FORMATS else torch.float32
-    vo, lo_o, hi_o = round_to(v, dtype), round_to(lo, dtype), round_to(hi, dtype)
-    d_lo = ulp_distance(vo, lo_o).distance
-    d_hi = ulp_distance(vo, hi_o).distance
-    return torch.minimum(d_lo, d_hi)
+def _distance(output: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, dtype: torch.dtype
+              ) -> torch.Tensor:
+    """ULP distance (in ``dtype``, float32 if unsupported) from the output (``v``: its float64 copy) to the nearer of
+    ``lo``/``hi``, meaningful where none of them is NaN (the out-of-set elements): differences of ordering keys. The
+    ends are representable in ``dtype`` (as ``to_dtype`` relies on), so they are cast, not rounded, and an output
+    stored in that dtype is its own rounding — ~30 ops instead of ~100 for each judged record that has an
+    out-of-set element."""
+    fmt = dtype if dtype in FORMATS else torch.float32
+    if fmt == dtype:
+        lo_o, hi_o = lo.to(fmt), hi.to(fmt)
+    else:
+        lo_o, hi_o = round_to(lo, fmt), round_to(hi, fmt)
+    vo = output.detach().to(v.device) if output.dtype == fmt else round_to(v, fmt)
+    key = ordering_key(vo)
+    return torch.minimum((key - ordering_key(lo_o)).abs(), (key - ordering_key(hi_o)).abs())
 
 
 def judge(
@@ -208,8 +224,10 @@ def judge_sets(
     values, and the name is the design that fits.
     """
     v = output.detach().to(device=lo.device, dtype=torch.float64)
-    in_set = ((v >= lo) & (v <= hi)) | (torch.isnan(v) & (torch.isnan(pt) | torch.isnan(lo) | torch.isnan(hi)))
-    nonfinite = ~in_set & (~torch.isfinite(v) | ~torch.isfinite(pt) | torch.isnan(lo) | torch.isnan(hi))
+    # each mask once (a judged record is bound by the number of ops it issues, not by elements)
+    v_nan, pt_nan, set_nan = torch.isnan(v), torch.isnan(pt), torch.isnan(lo) | torch.isnan(hi)
+    in_set = ((v >= lo) & (v <= hi)) | (v_nan & (pt_nan | set_nan))
+    nonfinite = ~in_set & (v_nan | torch.isinf(v) | pt_nan | torch.isinf(pt) | set_nan)
     if reference_output is not None:
         exact = same_bits(output.detach().to(lo.device), reference_output.detach().to(lo.device))
     else:
@@ -262,7 +280,7 @@ def judge_sets(
 
     distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     if n_outside:
-        d = _distance(v, lo, hi, out_dtype).clamp(min=1)
+        d = _distance(output, v, lo, hi, out_dtype).clamp(min=1)
         distance = torch.where(outside, d, distance)
     distance = torch.where(nonfinite & ~exact, torch.full_like(distance, -1), distance)
     # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none

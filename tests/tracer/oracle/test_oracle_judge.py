@@ -428,3 +428,36 @@ def test_a_rival_design_that_fits_better_is_named_instead_of_the_first_that_expl
     j = judge_sets(out, None, lo, hi, pt, [option("simple", [0, 1, 2, 0]),
                                            option("fuller", [0, 0.5, 2.5, 0], ("simple",))], torch.float32)
     assert called == ["simple", "fuller"] and j.boundary == "design simple"
+
+
+@pytest.mark.parametrize("stored", [BF16, torch.float32], ids=str)
+def test_an_out_of_set_elements_distance_is_its_ulps_to_the_nearer_end(stored):
+    """``judge_sets``' distance of an element outside ``[lo, hi]`` (BF16 ends) is the number of BF16 steps from the
+    output — rounded to BF16 (ml_dtypes' RNE) when stored wider — to the nearer end, counted here on bit patterns with
+    numpy: across zero, among subnormals, to an infinite end; NaN is ``-1``, inside is 0."""
+    import ml_dtypes
+    import numpy as np
+    from ulptrace.oracle.judge import judge_sets
+
+    lo = torch.tensor([1.0, -2.0, -(2.0 ** -130), 3.0, -float("inf"), 0.5, 1.0, 1.0], dtype=BF16)
+    hi = torch.tensor([1.5, -1.0, 2.0 ** -131, 3.0, -100.0, 0.75, 1.0, 1.0], dtype=BF16)
+    out = torch.tensor([1.5390625, -2.5, 2.0 ** -128, -3.0, -96.0, 0.625, float("nan"), 1.0000001],
+                       dtype=torch.float32)
+    out = out.to(stored)
+    judged = judge_sets(out, None, lo.double(), hi.double(), hi.double(), [], BF16)
+
+    def key(x):
+        bits = x.view(np.uint16).astype(np.int64)
+        return np.where(bits & 0x8000, -(bits & 0x7FFF), bits & 0x7FFF)
+
+    rounded = out.float().numpy().astype(ml_dtypes.bfloat16)  # an independent round-to-nearest-even
+    k, k_lo, k_hi = key(rounded), key(lo.float().numpy().astype(ml_dtypes.bfloat16)), key(
+        hi.float().numpy().astype(ml_dtypes.bfloat16))
+    nearer = np.minimum(np.abs(k - k_lo), np.abs(k - k_hi))
+    inside = (out.double() >= lo.double()) & (out.double() <= hi.double())
+    expected = [(-1 if torch.isnan(out[i]) else 0 if inside[i] else max(1, int(nearer[i]))) for i in range(len(out))]
+    assert judged.distance.tolist() == expected
+    # by hand: 0.0390625 over 1.5 in steps of 2**-7; 0.5 below -2 in steps of 2**-6; subnormals 32 and 4 (units of
+    # 2**-133); -3 and 3 are 2 x 0x4040 apart; -96 is 8 half-steps above -100; an FP32 1 + 2**-23 rounds to BF16 1,
+    # outside [1, 1] only before its rounding: the least distance an out-of-set element gets, 1
+    assert expected == [5, 32, 28, 32896, 8, 0, -1, 0 if stored == BF16 else 1]
