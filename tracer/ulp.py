@@ -223,10 +223,14 @@ def ordering_key(x: torch.Tensor) -> torch.Tensor:
     Raises:
         TypeError: ``x`` is not a tensor or its dtype is unsupported.
     """
-    fmt = format_of(_require_tensor(x, "x").dtype)
+    return _key_and_magnitude(x, format_of(_require_tensor(x, "x").dtype))[0]
+
+
+def _key_and_magnitude(x: torch.Tensor, fmt: FloatFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """(:func:`ordering_key`, the magnitude bits) of ``x``, from one read of its bit patterns."""
     bits = _unsigned_bits(x, fmt)
     magnitude = bits & fmt.magnitude_mask
-    return torch.where(bits >= fmt.sign_bit, -magnitude, magnitude)
+    return torch.where(bits >= fmt.sign_bit, -magnitude, magnitude), magnitude
 
 
 def from_ordering_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -280,11 +284,10 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> UlpDistance:
         raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
     fmt = format_of(a.dtype)
     a, b = torch.broadcast_tensors(a, b)
-    nan = _is_nan_magnitude(_unsigned_bits(a, fmt) & fmt.magnitude_mask, fmt) | _is_nan_magnitude(
-        _unsigned_bits(b, fmt) & fmt.magnitude_mask, fmt
-    )
-    distance = (ordering_key(a) - ordering_key(b)).abs()
-    return UlpDistance(torch.where(nan, torch.full_like(distance, -1), distance), nan)
+    (key_a, mag_a), (key_b, mag_b) = _key_and_magnitude(a, fmt), _key_and_magnitude(b, fmt)
+    nan = _is_nan_magnitude(mag_a, fmt) | _is_nan_magnitude(mag_b, fmt)
+    distance = (key_a - key_b).abs()
+    return UlpDistance(distance.masked_fill_(nan, -1), nan)
 
 
 def spacing(x: torch.Tensor) -> torch.Tensor:
