@@ -151,8 +151,11 @@ def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype not in (torch.bfloat16, torch.float16):
         return round_to(x, dtype).to(F64)
     y = x.to(torch.float32)
-    y = torch.where(y.to(F64).abs() > x.abs(), _toward(y, 0.0), y)  # toward zero
-    inexact = (y.to(F64) != x) & torch.isfinite(x)
+    back = y.to(F64)
+    y = torch.where(back.abs() > x.abs(), _toward(y, 0.0), y)  # toward zero
+    # the truncation is inexact exactly where the nearest FP32 value is not x (a stepped one never is); NaN and the
+    # infinities are exact (an infinite x casts to itself)
+    inexact = (back != x) & ~torch.isnan(x)
     bits = y.view(torch.int32)
     y = torch.where(inexact, (bits | 1).view(torch.float32), y)
     return y.to(dtype).to(F64)

@@ -189,11 +189,14 @@ def test_rne_is_one_rounding_from_float64():
     x = torch.randn(200_000, dtype=F64) * torch.exp2(torch.randint(-140, 120, (200_000,)).to(F64))
     mid = torch.tensor([1 + 2.0**-8 + 2.0**-30, 1 + 2.0**-8 - 2.0**-30, 1 + 2.0**-11 + 2.0**-40, -(1 + 2.0**-8)],
                        dtype=F64)
-    x = torch.cat([x, mid])
+    # and the ends of the range: infinities, NaN, signed zeros, beyond FP32's largest value, below its smallest
+    special = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e39, -1e39, 1e-50, -1e-50,
+                            3.4028235677973366e38, 2.0**-149, 2.0**-150, 1.5 * 2.0**-149], dtype=F64)
+    x = torch.cat([x, mid, special])
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         expected = round_to(x, dtype).to(F64)
         got = I.rne(x, dtype)
-        same = (got == expected) | (torch.isnan(got) & torch.isnan(expected))
+        same = (got == expected) & (torch.signbit(got) == torch.signbit(expected)) | (torch.isnan(got) & torch.isnan(expected))
         assert bool(same.all()), dtype
     assert I.rne(mid[:1], torch.bfloat16).item() == 1 + 2.0**-7
     assert I.rne(mid[1:2], torch.bfloat16).item() == 1.0

@@ -461,3 +461,22 @@ def test_an_out_of_set_elements_distance_is_its_ulps_to_the_nearer_end(stored):
     # 2**-133); -3 and 3 are 2 x 0x4040 apart; -96 is 8 half-steps above -100; an FP32 1 + 2**-23 rounds to BF16 1,
     # outside [1, 1] only before its rounding: the least distance an out-of-set element gets, 1
     assert expected == [5, 32, 28, 32896, 8, 0, -1, 0 if stored == BF16 else 1]
+
+
+@pytest.mark.parametrize("stored", [BF16, torch.float32], ids=str)
+def test_verdict_histograms_count_each_differing_elements_ulps_under_its_verdict(stored):
+    """Per verdict, the BF16 ULPs between output and reference of the elements with that verdict (hand-derived: steps
+    of 2**-7 at 1, 2**-6 at 2); exact elements are not counted; a wider output is rounded to BF16 first (2.048828125
+    is 2.046875, 3 steps above 2, in BF16)."""
+    from ulptrace.oracle.judge import verdict_histogram
+
+    E, T, B, R, N = (VERDICTS.index(v) for v in ("exact", "tie", "boundary", "error", "nonfinite"))
+    reference = torch.tensor([1.0, 1.0, 0.0, 2.0, 1.0, 1.0, 2.0], dtype=BF16)
+    output = torch.tensor([1.0, 1.0078125, -0.0, 2.048828125, 1.09375, float("nan"), 2.0], dtype=torch.float32)
+    verdicts = torch.tensor([E, T, T, B, R, N, E], dtype=torch.uint8)
+    got = verdict_histogram(verdicts, output.to(stored), reference)
+    zero = dict.fromkeys(("0", "1", "2", "3-4", "5-8", "9-16", ">16", "nonfinite"), 0)
+    assert got == {"tie": {**zero, "0": 1, "1": 1}, "boundary": {**zero, "3-4": 1}, "error": {**zero, "9-16": 1},
+                   "nonfinite": {**zero, "nonfinite": 1}}
+    assert verdict_histogram(torch.zeros(7, dtype=torch.uint8), reference, reference) == {
+        v: zero for v in ("tie", "boundary", "error", "nonfinite")}
