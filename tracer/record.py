@@ -488,12 +488,14 @@ class Recorder:
             for name in GDN_FUNCTIONS + CONV_FUNCTIONS:
                 if hasattr(namespace, name) and not self._has_tap(namespace, name):
                     the_tap = tap(namespace, name)
+                    # what a call receives is read before it runs (the one-token conv update writes its state in
+                    # place; a recurrent kernel may write the state it was given), what it returns after
                     if name in CONV_FUNCTIONS:
-                        # the one-token update writes the conv state in place: copy it before the call
                         update = name == CONV_FUNCTIONS[1]
-                        self._handles.append(the_tap.add_transform(self._conv_state_before(update)))
+                        self._handles.append(the_tap.add_pre_observer(self._conv_inputs(update)))
                         self._handles.append(the_tap.add_observer(self._on_conv))
                     else:
+                        self._handles.append(the_tap.add_pre_observer(self._gdn_inputs))
                         self._handles.append(the_tap.add_observer(self._on_gdn))
                     self._tapped.add((id(namespace), name))
         elif taps:  # an attention module: the core runs through the attention interface
@@ -559,7 +561,9 @@ class Recorder:
     def _install_attention_tap(self) -> None:
         namespace, name = attention_lookup(self.model)
         if not self._has_tap(namespace, name):
-            self._handles.append(tap(namespace, name).add_observer(self._on_attention))
+            the_tap = tap(namespace, name)
+            self._handles.append(the_tap.add_pre_observer(self._attention_inputs))
+            self._handles.append(the_tap.add_observer(self._on_attention))
             self._tapped.add((id(namespace), name))
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -659,43 +663,50 @@ class Recorder:
             "state.recurrent": get(getattr(entry, "recurrent_states", None)),
         }
 
-    def _conv_state_before(self, update: bool) -> Callable:
-        def transform(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            if self._recording() and self._gdn_stack:
-                state = (args[1] if len(args) > 1 else kwargs.get("conv_state")) if update else None
-                self._observe(self._gdn_stack[-1], {"tap.conv_state": state})
-            return args, kwargs
+    def _conv_inputs(self, update: bool) -> Callable:
+        def observe(args: tuple, kwargs: dict) -> None:
+            if not self._recording() or not self._gdn_stack:
+                return
+            state = (args[1] if len(args) > 1 else kwargs.get("conv_state")) if update else None
+            x = args[0] if args else kwargs.get("hidden_states")
+            self._observe(self._gdn_stack[-1], {"tap.conv_state": state, "tap.conv_x": x})
 
-        return transform
+        return observe
 
     def _on_conv(self, args: tuple, kwargs: dict, result: Any) -> None:
-        if not self._recording() or not self._gdn_stack:
-            return
-        x = args[0] if args else kwargs.get("hidden_states")
-        self._observe(self._gdn_stack[-1], {"tap.conv_x": x, "tap.conv": _first_tensor(result)})
+        if self._recording() and self._gdn_stack:
+            self._observe(self._gdn_stack[-1], {"tap.conv": _first_tensor(result)}, outputs=True)
 
-    def _on_gdn(self, args: tuple, kwargs: dict, result: Any) -> None:
+    def _gdn_inputs(self, args: tuple, kwargs: dict) -> None:
         if not self._recording() or not self._gdn_stack:
             return
         named = dict(zip(("query", "key", "value", "g", "beta", "initial_state"), args)) | kwargs
         self._observe(self._gdn_stack[-1], {
             "tap.query": named.get("query"), "tap.key": named.get("key"), "tap.value": named.get("value"),
             "tap.g": named.get("g"), "tap.beta": named.get("beta"), "tap.state": named.get("initial_state"),
-            "tap.core": _first_tensor(result),
         })
 
-    def _on_attention(self, args: tuple, kwargs: dict, result: Any) -> None:
-        if not self._recording() or not args:
-            return
-        path = self._module_paths().get(id(args[0]))
+    def _on_gdn(self, args: tuple, kwargs: dict, result: Any) -> None:
+        if self._recording() and self._gdn_stack:
+            self._observe(self._gdn_stack[-1], {"tap.core": _first_tensor(result)}, outputs=True)
+
+    def _attention_path(self, args: tuple) -> str | None:
+        return self._module_paths().get(id(args[0])) if args and self._recording() else None
+
+    def _attention_inputs(self, args: tuple, kwargs: dict) -> None:
+        path = self._attention_path(args)
         if path is None:
             return
         q, k, v, mask = (list(args[1:5]) + [kwargs.get(n) for n in ("query", "key", "value", "attention_mask")])[:4]
         self._observe(path, {
             "tap.query": q, "tap.key": k, "tap.value": v,
             "tap.mask": mask if isinstance(mask, torch.Tensor) else None,
-            "tap.core": _first_tensor(result),
         })
+
+    def _on_attention(self, args: tuple, kwargs: dict, result: Any) -> None:
+        path = self._attention_path(args)
+        if path is not None:
+            self._observe(path, {"tap.core": _first_tensor(result)}, outputs=True)
 
     def _module_paths(self) -> dict[int, str]:
         if self._paths is None:

@@ -8,9 +8,11 @@ caller and that function. If each patched the name on its own, whichever came la
 other's arguments or not, depending on order. A tap is the one wrapper installed per name; it
 
 1. applies the *transforms* (injection: rewrite the arguments),
-2. calls the *implementation* (the original, or one set by injection),
-3. applies the *result transforms* (fault injection: alter what the call returns),
-4. hands the final arguments and the result to every *observer* (recording).
+2. hands the final arguments to every *pre-observer* (recording what the call receives, before it runs: an
+   implementation may write its arguments in place, as a kernel updating a state it was given does),
+3. calls the *implementation* (the original, or one set by injection),
+4. applies the *result transforms* (fault injection: alter what the call returns),
+5. hands the final arguments and the result to every *observer* (recording).
 
 so observers always see what the implementation really received and returned. The original is
 put back when the last user of a tap goes away. Taps are process-global state, but every change
@@ -26,6 +28,7 @@ from typing import Any
 Transform = Callable[[tuple, dict], "tuple[tuple, dict]"]
 ResultTransform = Callable[[tuple, dict, Any], Any]
 Observer = Callable[[tuple, dict, Any], None]
+PreObserver = Callable[[tuple, dict], None]
 
 _TAPS: dict[tuple[int, str], FunctionTap] = {}
 
@@ -65,6 +68,7 @@ class FunctionTap:
         self.transforms: list[Transform] = []
         self.result_transforms: list[ResultTransform] = []
         self.observers: list[Observer] = []
+        self.pre_observers: list[PreObserver] = []
         self.impl: Callable[..., Any] | None = None
         tap = self
 
@@ -72,6 +76,8 @@ class FunctionTap:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             for transform in tuple(tap.transforms):
                 args, kwargs = transform(args, kwargs)
+            for pre_observer in tuple(tap.pre_observers):
+                pre_observer(args, kwargs)
             result = (tap.impl or tap.original)(*args, **kwargs)
             for result_transform in tuple(tap.result_transforms):
                 result = result_transform(args, kwargs, result)
@@ -90,7 +96,8 @@ class FunctionTap:
             setattr(self.namespace, self.name, value)
 
     def _release_if_unused(self) -> None:
-        if not (self.transforms or self.result_transforms or self.observers) and self.impl is None:
+        if not (self.transforms or self.result_transforms or self.observers or self.pre_observers) \
+                and self.impl is None:
             self._set(self.original)
             _TAPS.pop((id(self.namespace), self.name), None)
 
@@ -114,6 +121,10 @@ class FunctionTap:
     def add_observer(self, observer: Observer) -> Handle:
         """Call ``observer(args, kwargs, result)`` after each call; returns a handle."""
         return self._register(self.observers, observer)
+
+    def add_pre_observer(self, observer: PreObserver) -> Handle:
+        """Call ``observer(args, kwargs)`` with the final arguments just before each call; returns a handle."""
+        return self._register(self.pre_observers, observer)
 
     def set_impl(self, impl: Callable[..., Any]) -> Handle:
         """Run ``impl`` instead of the original until the handle is removed (one at a time)."""

@@ -387,3 +387,30 @@ def test_a_modules_output_written_in_place_behind_the_version_counter_is_copied_
     assert torch.equal(rec.trace["norm", 0].out, 2 * (x + residual))
     assert torch.equal(rec.trace["norm.residual", 0].out, x + residual)  # was x: a's copy, reused
     assert rec.trace["norm", 0].inputs["x"] is rec.trace["a", 0].out  # before the call: still one copy
+
+
+def test_a_tapped_functions_inputs_are_recorded_as_it_received_them(qwen, prompts, monkeypatch) -> None:
+    """The GatedDeltaNet scan's inputs are read before it runs: a scan that writes the state it was given in place
+    behind the version counter (as a recurrent kernel updating its state does) leaves the recorded initial state as
+    it was handed over — equal to a run whose scan writes nothing — and its output as it returned it."""
+    import sys
+
+    namespace = sys.modules[type(qwen.model.layers[0].linear_attn).__module__]
+    original = namespace.torch_recurrent_gated_delta_rule
+
+    def writes_its_state(*args, **kwargs):
+        result = original(*args, **kwargs)
+        state = kwargs.get("initial_state", args[5] if len(args) > 5 else None)
+        if state is not None:
+            state.data.add_(1.0)  # after the real scan: the output is unchanged, the state it was given is not
+        return result
+
+    sites = select(site_table(qwen), ["layers.0.linear_attn.core"])
+    with Recorder(qwen, sites=sites) as plain:
+        greedy(qwen, prompts, 2)
+    monkeypatch.setattr(namespace, "torch_recurrent_gated_delta_rule", writes_its_state)
+    with Recorder(qwen, sites=sites) as writing:
+        greedy(qwen, prompts, 2)
+    ours, theirs = writing.trace["layers.0.linear_attn.core", 1], plain.trace["layers.0.linear_attn.core", 1]
+    assert ours.inputs["state"] is not None and torch.equal(ours.inputs["state"], theirs.inputs["state"])
+    assert torch.equal(ours.out, theirs.out)
