@@ -36,6 +36,11 @@ from ulptrace.families import ARCHITECTURES
 
 KINDS = ("norm", "gated_norm", "glu", "gates", "conv", "rope", "attention", "residual", "state", "logits", "linear",
          "other")
+# kinds whose semantics make each output row (the last dimension) from the same row of every input alone — a norm
+# reduces over it, a linear layer contracts it, the rest are elementwise — so a record can be judged on some of its
+# rows (``ulptrace.verdicts``). Not: the causal conv and the scan (across tokens), attention, rope (its tables are not
+# row-shaped), the states.
+ROW_WISE_KINDS = ("norm", "gated_norm", "glu", "gates", "residual", "logits", "linear")
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from ulptrace.comparison import bitwise_equal
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
-from ulptrace.sites import Site, decoder_layers, site_table
+from ulptrace.sites import ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
+from ulptrace.ulp import bits
 
 STRUCTURAL_INPUTS = ("attention_mask",)
 _CALL_SUFFIX = re.compile(r"#\d+$")
@@ -41,14 +42,19 @@ class OracleJudge:
         judge_reference: also check that the reference output lies inside its own semantics
             (``reference_outside`` in the result counts the elements that do not).
         hypotheses: search boundary hypotheses for out-of-set elements.
+        rows: judge a record of a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``) on the rows where the candidate
+            differs from the reference only, when they are at most half of its rows (a long prompt's record with a
+            few differing rows); the other rows are bitwise equal, so ``exact``. The figures equal those of judging
+            the whole record (tested); ``judge_reference`` judges whole records.
         shards: ``{parameter name: ulptrace.oracle.sharding.ShardedReduction}`` of ``reference_model``'s
             parameters that the judged run holds split into shards (tensor parallelism, ``ulptrace.tp``), so
             matmuls contracting over a split dim get the ``sharded`` hypothesis.
     """
 
     def __init__(self, reference_model: Any, *, judge_reference: bool = False, hypotheses: bool = True,
-                 shards: dict[str, Any] | None = None) -> None:
+                 rows: bool = True, shards: dict[str, Any] | None = None) -> None:
         self.model = reference_model
+        self.rows = rows
         self.sites: dict[str, Site] = {s.name: s for s in site_table(reference_model, warn=False)}
         # built now, before any candidate path is applied: see ulptrace.sites on binding formulas
         self._formulas = {name: s.formula(reference_model) for name, s in self.sites.items() if s.formula}
@@ -89,11 +95,22 @@ class OracleJudge:
         if missing:
             why = f"reference record lacks oracle input(s) {missing}"
             return {"verdicts": None, "could_not_judge": why, "note": why}
-        out: dict[str, Any] = {}
         same = bitwise_equal(reference.out, candidate.out)
         if same and not self.judge_reference:
             return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS},
                     "verdict_histogram": empty_verdict_histogram()}
+        subset = None if self.judge_reference or not self.rows else _differing_rows(site, reference, candidate)
+        if subset is not None:  # judged on the differing rows; the others are exact
+            rows_ref, rows_cand, exact_elsewhere = subset
+            out = self._judged(site, rows_ref, rows_cand, same)
+            if out.get("verdicts") is not None:
+                out["verdicts"]["exact"] += exact_elsewhere
+                return out
+            # the rows alone could not be judged (a formula that wants the record's own shape): the whole record is
+        return self._judged(site, reference, candidate, same)
+
+    def _judged(self, site: Site, reference: Record, candidate: Record, same: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         try:
             program = self.program(site, reference.inputs)
             if self.judge_reference:
@@ -172,6 +189,42 @@ class OracleJudge:
         inside = (value >= lo.double()) & (value <= hi.double())
         inside |= torch.isnan(value) & (torch.isnan(lo) | torch.isnan(hi))
         return int((~inside).sum())
+
+
+def _differing_rows(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
+    """The two records cut down to the rows (last dimension) where the candidate's output differs from the
+    reference's, and how many elements that leaves out — or None where judging the whole record is the way: a kind
+    that is not row-wise, an input not shaped in the output's rows, a dtype change, more than half the rows differing.
+
+    The rows kept are the differing ones, then copies of one equal row up to a power of two (so a site's programs come
+    in a few shapes, each captured once); the copies are bitwise equal, so ``exact``: the caller counts the left-out
+    elements as exact, and takes the padding's back off."""
+    ref_out, cand_out = reference.out, candidate.out
+    if site.kind not in ROW_WISE_KINDS or ref_out.dim() < 2 or ref_out.dtype != cand_out.dtype \
+            or ref_out.shape != cand_out.shape:
+        return None
+    lead = ref_out.shape[:-1]
+    tensors = [*reference.inputs.values(), *candidate.inputs.values()]
+    if any(t.shape[:-1] != lead for t in tensors):
+        return None
+    n_rows, n_cols = ref_out[..., 0].numel(), ref_out.shape[-1]
+    differ = (bits(ref_out).reshape(n_rows, n_cols) != bits(cand_out).reshape(n_rows, n_cols)).any(-1)
+    picked = differ.nonzero().flatten()
+    width = 1 << max(0, int(picked.numel()) - 1).bit_length()  # a power of two >= the differing rows
+    if picked.numel() == 0 or 2 * width > n_rows:
+        return None
+    equal = int((~differ).nonzero()[0, 0])
+    rows = torch.cat([picked, picked.new_full((width - picked.numel(),), equal)])
+    shape = (1,) * (ref_out.dim() - 2)  # the output's rank kept: (1, ..., rows, columns)
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(n_rows, t.shape[-1]).index_select(0, rows).reshape(*shape, width, t.shape[-1])
+
+    def cut_record(r: Record) -> Record:
+        return Record(r.site, r.step, r.kind, r.layer, cut(r.out), {k: cut(v) for k, v in r.inputs.items()})
+
+    left_out = (n_rows - int(picked.numel())) * n_cols - (width - int(picked.numel())) * n_cols
+    return cut_record(reference), cut_record(candidate), left_out
 
 
 def _on(record: Record, device: torch.device) -> Record:

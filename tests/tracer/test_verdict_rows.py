@@ -1,0 +1,70 @@
+"""The oracle judges a row-wise record on its differing rows only: the same figures as judging it whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ulptrace import verdicts
+from ulptrace.probes.onset import run_onset
+from ulptrace.run import RunConfig
+
+
+@pytest.mark.parametrize("model, candidate", [
+    ("tiny-qwen3.5", "fault:layers.1.mlp.glu@0+3"),
+    ("tiny-qwen3.5", "kernels:fused"),
+    ("tiny-llama", "fault:layers.0.post_attention_layernorm@1+1"),
+])
+def test_judging_the_differing_rows_gives_the_figures_of_the_whole_record(model, candidate, monkeypatch) -> None:
+    """Every record of an onset with the oracle — a fault that leaves most rows equal, a fused path whose rows
+    differ in places — judged on its differing rows and judged whole: the same report, field for field, and the
+    rows path was taken (records cut to their rows, left-out elements counted exact)."""
+    cfg = RunConfig(model=model, candidate=candidate, prompts=2, prompt_len=16, new_tokens=3)
+    real = verdicts._differing_rows
+    cut = []
+
+    def counting(site, reference, candidate):
+        got = real(site, reference, candidate)
+        if got is not None:
+            cut.append((site.kind, reference.out.shape[:-1].numel(), got[0].out.shape[:-1].numel()))
+        return got
+
+    monkeypatch.setattr(verdicts, "_differing_rows", counting)
+    rows, _ = run_onset(cfg)
+    monkeypatch.setattr(verdicts, "_differing_rows", lambda *a: None)
+    whole, _ = run_onset(cfg)
+    assert cut and all(kept < total for _, total, kept in cut), cut
+    assert rows.to_json() == whole.to_json()
+    judged = [s for s in rows.sites if s.verdicts]
+    assert judged and sum(s.verdicts["exact"] + s.verdicts["tie"] + s.verdicts["boundary"] + s.verdicts["error"]
+                          + s.verdicts["nonfinite"] == s.elements for s in judged) == len(judged)
+
+
+def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ() -> None:
+    """Hand-made records: a norm with two of eight rows differing keeps those two (a power of two, no padding) and
+    leaves 6 x 4 elements out; three differing rows are padded to four with an equal row; a scan, five differing rows
+    of eight, an input in other rows, or a dtype change: judged whole."""
+    from ulptrace.sites import Obs, Site
+    from ulptrace.trace import Record
+
+    norm = Site("n", "norm", 0, Obs("n", "out"), {"x": Obs("n", "in0")})
+    x = torch.randn(2, 4, 4).bfloat16()
+    ref = Record("n", 0, "norm", 0, x * 2, {"x": x})
+
+    def cand(rows):
+        out = ref.out.clone().reshape(8, 4)
+        out[rows, 0] += 1
+        return Record("n", 0, "norm", 0, out.reshape(2, 4, 4), {"x": x})
+
+    got = verdicts._differing_rows(norm, ref, cand([1, 6]))
+    assert got is not None and got[0].out.shape == (1, 2, 4) and got[2] == 6 * 4
+    assert torch.equal(got[1].out[0], cand([1, 6]).out.reshape(8, 4)[[1, 6]])
+    got = verdicts._differing_rows(norm, ref, cand([0, 3, 5]))
+    assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 5 * 4 - 1 * 4
+    assert torch.equal(got[1].out[0, 3], got[0].out[0, 3])  # the padding row is an equal one
+    assert verdicts._differing_rows(norm, ref, cand([0, 1, 2, 3, 4])) is None  # more than half
+    scan = Site("s", "attention", 0, Obs("s", "out"), {"x": Obs("s", "in0")})
+    assert verdicts._differing_rows(scan, ref, cand([1])) is None
+    other = Record("n", 0, "norm", 0, ref.out, {"x": x.reshape(4, 2, 4)})
+    assert verdicts._differing_rows(norm, other, cand([1])) is None
+    wide = Record("n", 0, "norm", 0, cand([1]).out.float(), {"x": x})
+    assert verdicts._differing_rows(norm, ref, wide) is None
