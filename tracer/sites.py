@@ -41,6 +41,9 @@ KINDS = ("norm", "gated_norm", "glu", "gates", "conv", "rope", "attention", "res
 # rows (``ulptrace.verdicts``). Not: the causal conv and the scan (across tokens), attention, rope (its tables are not
 # row-shaped), the states.
 ROW_WISE_KINDS = ("norm", "gated_norm", "glu", "gates", "residual", "logits", "linear")
+# kinds whose semantics treat each batch item (dimension 0 of the output and of every input) alone — attention cores,
+# the GatedDeltaNet conv, scan and states — so a record can be judged on some of its batch items
+BATCH_WISE_KINDS = ("attention", "conv", "state")
 
 
 @dataclass(frozen=True)

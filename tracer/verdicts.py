@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from ulptrace.comparison import bitwise_equal
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
-from ulptrace.sites import ROW_WISE_KINDS, Site, decoder_layers, site_table
+from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
 from ulptrace.ulp import bits
 
@@ -42,10 +42,11 @@ class OracleJudge:
         judge_reference: also check that the reference output lies inside its own semantics
             (``reference_outside`` in the result counts the elements that do not).
         hypotheses: search boundary hypotheses for out-of-set elements.
-        rows: judge a record of a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``) on the rows where the candidate
-            differs from the reference only, when they are at most half of its rows (a long prompt's record with a
-            few differing rows); the other rows are bitwise equal, so ``exact``. The figures equal those of judging
-            the whole record (tested); ``judge_reference`` judges whole records.
+        rows: judge a record on the parts where the candidate differs from the reference only — rows of a row-wise
+            kind, batch items of a batch-wise one (``ulptrace.sites.ROW_WISE_KINDS``, ``BATCH_WISE_KINDS``) — when
+            they are at most half of them (a long prompt's record with a few differing rows, a batch with one prompt
+            diverged); the other parts are bitwise equal, so ``exact``. The figures equal those of judging the whole
+            record (tested); ``judge_reference`` and the GatedDeltaNet scan's own construction judge whole records.
         shards: ``{parameter name: ulptrace.oracle.sharding.ShardedReduction}`` of ``reference_model``'s
             parameters that the judged run holds split into shards (tensor parallelism, ``ulptrace.tp``), so
             matmuls contracting over a split dim get the ``sharded`` hypothesis.
@@ -99,7 +100,10 @@ class OracleJudge:
         if same and not self.judge_reference:
             return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS},
                     "verdict_histogram": empty_verdict_histogram()}
-        subset = None if self.judge_reference or not self.rows else _differing_rows(site, reference, candidate)
+        # a construction with a bound of its own (the GatedDeltaNet scan) reports that bound's width over the whole
+        # record (``admissible_width``): judged whole
+        whole = self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
+        subset = None if whole else _differing_rows(site, reference, candidate)
         if subset is not None:  # judged on the differing rows; the others are exact
             rows_ref, rows_cand, exact_elsewhere = subset
             out = self._judged(site, rows_ref, rows_cand, same)
@@ -192,38 +196,49 @@ class OracleJudge:
 
 
 def _differing_rows(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
-    """The two records cut down to the rows (last dimension) where the candidate's output differs from the
-    reference's, and how many elements that leaves out — or None where judging the whole record is the way: a kind
-    that is not row-wise, an input not shaped in the output's rows, a dtype change, more than half the rows differing.
+    """The two records cut down to the parts where the candidate's output differs from the reference's, and how many
+    elements that leaves out — or None where judging the whole record is the way. A part is a row (the last
+    dimension) for a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``: every input shaped in the output's rows), a
+    batch item (dimension 0) for a batch-wise one (``BATCH_WISE_KINDS``: every input with the output's batch); whole
+    records otherwise, and where more than half the parts differ or the output's dtype changed.
 
-    The rows kept are the differing ones, then copies of one equal row up to a power of two (so a site's programs come
-    in a few shapes, each captured once); the copies are bitwise equal, so ``exact``: the caller counts the left-out
-    elements as exact, and takes the padding's back off."""
+    The parts kept are the differing ones, then copies of one equal part up to a power of two (so a site's programs
+    come in a few shapes, each captured once); the copies are bitwise equal, so ``exact``: the caller counts the
+    left-out elements as exact, the padding's taken back off."""
     ref_out, cand_out = reference.out, candidate.out
-    if site.kind not in ROW_WISE_KINDS or ref_out.dim() < 2 or ref_out.dtype != cand_out.dtype \
-            or ref_out.shape != cand_out.shape:
+    if ref_out.dim() < 2 or ref_out.dtype != cand_out.dtype or ref_out.shape != cand_out.shape:
         return None
-    lead = ref_out.shape[:-1]
     tensors = [*reference.inputs.values(), *candidate.inputs.values()]
-    if any(t.shape[:-1] != lead for t in tensors):
+    if site.kind in ROW_WISE_KINDS:
+        lead = ref_out.shape[:-1]
+        if any(t.shape[:-1] != lead for t in tensors):
+            return None
+        n_parts = ref_out[..., 0].numel()
+    elif site.kind in BATCH_WISE_KINDS:
+        n_parts = ref_out.shape[0]
+        if any(t.dim() == 0 or t.shape[0] != n_parts for t in tensors):
+            return None
+    else:
         return None
-    n_rows, n_cols = ref_out[..., 0].numel(), ref_out.shape[-1]
-    differ = (bits(ref_out).reshape(n_rows, n_cols) != bits(cand_out).reshape(n_rows, n_cols)).any(-1)
+    size = ref_out.numel() // n_parts
+    differ = (bits(ref_out).reshape(n_parts, size) != bits(cand_out).reshape(n_parts, size)).any(-1)
     picked = differ.nonzero().flatten()
-    width = 1 << max(0, int(picked.numel()) - 1).bit_length()  # a power of two >= the differing rows
-    if picked.numel() == 0 or 2 * width > n_rows:
+    width = 1 << max(0, int(picked.numel()) - 1).bit_length()  # a power of two >= the differing parts
+    if picked.numel() == 0 or 2 * width > n_parts:
         return None
     equal = int((~differ).nonzero()[0, 0])
-    rows = torch.cat([picked, picked.new_full((width - picked.numel(),), equal)])
-    shape = (1,) * (ref_out.dim() - 2)  # the output's rank kept: (1, ..., rows, columns)
+    parts = torch.cat([picked, picked.new_full((width - picked.numel(),), equal)])
+    ones = (1,) * (ref_out.dim() - 2)  # a row-wise output's rank kept: (1, ..., rows, columns)
 
     def cut(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(n_rows, t.shape[-1]).index_select(0, rows).reshape(*shape, width, t.shape[-1])
+        if site.kind in BATCH_WISE_KINDS:
+            return t.index_select(0, parts)
+        return t.reshape(n_parts, t.shape[-1]).index_select(0, parts).reshape(*ones, width, t.shape[-1])
 
     def cut_record(r: Record) -> Record:
         return Record(r.site, r.step, r.kind, r.layer, cut(r.out), {k: cut(v) for k, v in r.inputs.items()})
 
-    left_out = (n_rows - int(picked.numel())) * n_cols - (width - int(picked.numel())) * n_cols
+    left_out = (n_parts - width) * size  # the equal parts left out, less the padding's copies judged
     return cut_record(reference), cut_record(candidate), left_out
 
 

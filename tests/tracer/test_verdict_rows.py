@@ -1,4 +1,5 @@
-"""The oracle judges a row-wise record on its differing rows only: the same figures as judging it whole."""
+"""The oracle judges a record on its differing rows (row-wise kinds) or batch items (batch-wise kinds) only: the
+same figures as judging it whole."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ulptrace.run import RunConfig
 
 
 @pytest.mark.parametrize("model, candidate", [
-    ("tiny-qwen3.5", "fault:layers.1.mlp.glu@0+3"),
+    ("tiny-qwen3.5", "fault:layers.0.input_layernorm@0+8"),
     ("tiny-qwen3.5", "kernels:fused"),
     ("tiny-llama", "fault:layers.0.post_attention_layernorm@1+1"),
 ])
@@ -33,6 +34,11 @@ def test_judging_the_differing_rows_gives_the_figures_of_the_whole_record(model,
     monkeypatch.setattr(verdicts, "_differing_rows", lambda *a: None)
     whole, _ = run_onset(cfg)
     assert cut and all(kept < total for _, total, kept in cut), cut
+    if candidate.startswith("fault"):  # one prompt's rows differ: both kinds of cut are taken
+        from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS
+
+        kinds = {kind for kind, _, _ in cut}
+        assert kinds & set(ROW_WISE_KINDS) and kinds & set(BATCH_WISE_KINDS), kinds
     assert rows.to_json() == whole.to_json()
     judged = [s for s in rows.sites if s.verdicts]
     assert judged and sum(s.verdicts["exact"] + s.verdicts["tie"] + s.verdicts["boundary"] + s.verdicts["error"]
@@ -41,8 +47,9 @@ def test_judging_the_differing_rows_gives_the_figures_of_the_whole_record(model,
 
 def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ() -> None:
     """Hand-made records: a norm with two of eight rows differing keeps those two (a power of two, no padding) and
-    leaves 6 x 4 elements out; three differing rows are padded to four with an equal row; a scan, five differing rows
-    of eight, an input in other rows, or a dtype change: judged whole."""
+    leaves 6 x 4 elements out; three differing rows are padded to four with an equal row; an attention record keeps
+    its one differing batch item of two; rope, five differing rows of eight, both batch items, an input in other
+    rows, or a dtype change: judged whole."""
     from ulptrace.sites import Obs, Site
     from ulptrace.trace import Record
 
@@ -62,8 +69,12 @@ def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ(
     assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 5 * 4 - 1 * 4
     assert torch.equal(got[1].out[0, 3], got[0].out[0, 3])  # the padding row is an equal one
     assert verdicts._differing_rows(norm, ref, cand([0, 1, 2, 3, 4])) is None  # more than half
-    scan = Site("s", "attention", 0, Obs("s", "out"), {"x": Obs("s", "in0")})
-    assert verdicts._differing_rows(scan, ref, cand([1])) is None
+    scan = Site("s", "attention", 0, Obs("s", "out"), {"x": Obs("s", "in0")})  # batch-wise: by batch item
+    got = verdicts._differing_rows(scan, ref, cand([1]))
+    assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 16 and torch.equal(got[0].inputs["x"], x[:1])
+    assert verdicts._differing_rows(scan, ref, cand([1, 6])) is None  # both batch items differ
+    rope = Site("r", "rope", 0, Obs("r", "out"), {"x": Obs("r", "in0")})
+    assert verdicts._differing_rows(rope, ref, cand([1])) is None
     other = Record("n", 0, "norm", 0, ref.out, {"x": x.reshape(4, 2, 4)})
     assert verdicts._differing_rows(norm, other, cand([1])) is None
     wide = Record("n", 0, "norm", 0, cand([1]).out.float(), {"x": x})
