@@ -104,13 +104,13 @@ class OracleJudge:
         # record (``admissible_width``): judged whole
         whole = self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
         subset = None if whole else _differing_rows(site, reference, candidate)
-        if subset is not None:  # judged on the differing rows; the others are exact
-            rows_ref, rows_cand, exact_elsewhere = subset
-            out = self._judged(site, rows_ref, rows_cand, same)
+        if subset is not None:  # judged on the differing parts (rows or batch items); the others are exact
+            part_ref, part_cand, exact_elsewhere = subset
+            out = self._judged(site, part_ref, part_cand, same)
             if out.get("verdicts") is not None:
                 out["verdicts"]["exact"] += exact_elsewhere
                 return out
-            # the rows alone could not be judged (a formula that wants the record's own shape): the whole record is
+            # the parts alone could not be judged (a formula that wants the record's own shape): the whole record is
         return self._judged(site, reference, candidate, same)
 
     def _judged(self, site: Site, reference: Record, candidate: Record, same: bool) -> dict[str, Any]:
