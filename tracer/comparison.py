@@ -137,7 +137,7 @@ def _stats_to(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBat
     where = cand.device
     if ref.device == where:
         return _stats(ref, cand, rows, batch)
-    if ref.nbytes <= MOVE_CHUNK_BYTES or ref.dim() == 0 or ref.dtype not in FORMATS or ref.shape != cand.shape:
+    if ref.nbytes <= MOVE_CHUNK_BYTES or ref.dim() == 0 or ref.dtype not in FORMATS:  # (callers: same shapes)
         return _stats(ref.to(where, non_blocking=True), cand, rows, batch)
     n_cols = ref.shape[-1]
     per = max(1, MOVE_CHUNK_BYTES // max(1, n_cols * ref.element_size()))

@@ -23,7 +23,7 @@ from ulptrace.comparison import bitwise_equal
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
-from ulptrace.ulp import bits
+from ulptrace.ulp import same_bits
 
 STRUCTURAL_INPUTS = ("attention_mask",)
 _CALL_SUFFIX = re.compile(r"#\d+$")
@@ -103,7 +103,7 @@ class OracleJudge:
         # a construction with a bound of its own (the GatedDeltaNet scan) reports that bound's width over the whole
         # record (``admissible_width``): judged whole
         whole = self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
-        subset = None if whole else _differing_rows(site, reference, candidate)
+        subset = None if whole else _differing_parts(site, reference, candidate)
         if subset is not None:  # judged on the differing parts (rows or batch items); the others are exact
             part_ref, part_cand, exact_elsewhere = subset
             out = self._judged(site, part_ref, part_cand, same)
@@ -195,7 +195,7 @@ class OracleJudge:
         return int((~inside).sum())
 
 
-def _differing_rows(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
+def _differing_parts(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
     """The two records cut down to the parts where the candidate's output differs from the reference's, and how many
     elements that leaves out — or None where judging the whole record is the way. A part is a row (the last
     dimension) for a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``: every input shaped in the output's rows), a
@@ -221,7 +221,7 @@ def _differing_rows(site: Site, reference: Record, candidate: Record) -> tuple[R
     else:
         return None
     size = ref_out.numel() // n_parts
-    differ = (bits(ref_out).reshape(n_parts, size) != bits(cand_out).reshape(n_parts, size)).any(-1)
+    differ = ~same_bits(ref_out, cand_out).reshape(n_parts, size).all(-1)
     picked = differ.nonzero().flatten()
     width = 1 << max(0, int(picked.numel()) - 1).bit_length()  # a power of two >= the differing parts
     if picked.numel() == 0 or 2 * width > n_parts:

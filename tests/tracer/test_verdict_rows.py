@@ -15,12 +15,12 @@ from ulptrace.run import RunConfig
     ("tiny-qwen3.5", "kernels:fused"),
     ("tiny-llama", "fault:layers.0.post_attention_layernorm@1+1"),
 ])
-def test_judging_the_differing_rows_gives_the_figures_of_the_whole_record(model, candidate, monkeypatch) -> None:
+def test_judging_the_differing_parts_gives_the_figures_of_the_whole_record(model, candidate, monkeypatch) -> None:
     """Every record of an onset with the oracle — a fault that leaves most rows equal, a fused path whose rows
     differ in places — judged on its differing rows and judged whole: the same report, field for field, and the
     rows path was taken (records cut to their rows, left-out elements counted exact)."""
     cfg = RunConfig(model=model, candidate=candidate, prompts=2, prompt_len=16, new_tokens=3)
-    real = verdicts._differing_rows
+    real = verdicts._differing_parts
     cut = []
 
     def counting(site, reference, candidate):
@@ -29,9 +29,9 @@ def test_judging_the_differing_rows_gives_the_figures_of_the_whole_record(model,
             cut.append((site.kind, reference.out.shape[:-1].numel(), got[0].out.shape[:-1].numel()))
         return got
 
-    monkeypatch.setattr(verdicts, "_differing_rows", counting)
+    monkeypatch.setattr(verdicts, "_differing_parts", counting)
     rows, _ = run_onset(cfg)
-    monkeypatch.setattr(verdicts, "_differing_rows", lambda *a: None)
+    monkeypatch.setattr(verdicts, "_differing_parts", lambda *a: None)
     whole, _ = run_onset(cfg)
     assert cut and all(kept < total for _, total, kept in cut), cut
     if candidate.startswith("fault"):  # one prompt's rows differ: both kinds of cut are taken
@@ -62,20 +62,20 @@ def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ(
         out[rows, 0] += 1
         return Record("n", 0, "norm", 0, out.reshape(2, 4, 4), {"x": x})
 
-    got = verdicts._differing_rows(norm, ref, cand([1, 6]))
+    got = verdicts._differing_parts(norm, ref, cand([1, 6]))
     assert got is not None and got[0].out.shape == (1, 2, 4) and got[2] == 6 * 4
     assert torch.equal(got[1].out[0], cand([1, 6]).out.reshape(8, 4)[[1, 6]])
-    got = verdicts._differing_rows(norm, ref, cand([0, 3, 5]))
+    got = verdicts._differing_parts(norm, ref, cand([0, 3, 5]))
     assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 5 * 4 - 1 * 4
     assert torch.equal(got[1].out[0, 3], got[0].out[0, 3])  # the padding row is an equal one
-    assert verdicts._differing_rows(norm, ref, cand([0, 1, 2, 3, 4])) is None  # more than half
+    assert verdicts._differing_parts(norm, ref, cand([0, 1, 2, 3, 4])) is None  # more than half
     scan = Site("s", "attention", 0, Obs("s", "out"), {"x": Obs("s", "in0")})  # batch-wise: by batch item
-    got = verdicts._differing_rows(scan, ref, cand([1]))
+    got = verdicts._differing_parts(scan, ref, cand([1]))
     assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 16 and torch.equal(got[0].inputs["x"], x[:1])
-    assert verdicts._differing_rows(scan, ref, cand([1, 6])) is None  # both batch items differ
+    assert verdicts._differing_parts(scan, ref, cand([1, 6])) is None  # both batch items differ
     rope = Site("r", "rope", 0, Obs("r", "out"), {"x": Obs("r", "in0")})
-    assert verdicts._differing_rows(rope, ref, cand([1])) is None
+    assert verdicts._differing_parts(rope, ref, cand([1])) is None
     other = Record("n", 0, "norm", 0, ref.out, {"x": x.reshape(4, 2, 4)})
-    assert verdicts._differing_rows(norm, other, cand([1])) is None
+    assert verdicts._differing_parts(norm, other, cand([1])) is None
     wide = Record("n", 0, "norm", 0, cand([1]).out.float(), {"x": x})
-    assert verdicts._differing_rows(norm, ref, wide) is None
+    assert verdicts._differing_parts(norm, ref, wide) is None

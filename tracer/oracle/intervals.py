@@ -102,41 +102,37 @@ def point(t: torch.Tensor, track: bool = True) -> Iv:
 
 def scalar_iv(value: float, like: torch.Tensor) -> Iv:
     """A Python scalar as an exact 0-dim float64 interval on ``like``'s device."""
-    v = _scalar(struct.pack("<d", float(value)), like.device)
+    v = _constant(struct.pack("<d", float(value)), F64, like.device)
     return Iv(v, v, v)
 
 
 @functools.lru_cache(maxsize=1024)
-def _scalar(value: bytes, device: torch.device) -> torch.Tensor:
-    """The float64 of these 8 bytes as a 0-dim tensor on ``device``, made once (on a GPU each was a copy from the
-    host that waits for the device); keyed by its bytes, so -0.0 and 0.0 stay apart. Nothing writes to it."""
-    return torch.tensor(struct.unpack("<d", value)[0], dtype=F64, device=device)
+def _constant(value: bytes, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The float64 of these 8 bytes as a 0-dim ``dtype`` tensor on ``device``, made once (a scalar interval or a
+    rounding's ``nextafter`` target: on a GPU each was a copy from the host that waits for the device); keyed by its
+    bytes, so -0.0 and 0.0 stay apart. Nothing writes to it."""
+    return torch.tensor(struct.unpack("<d", value)[0], dtype=dtype, device=device)
 
 
 # ---------------------------------------------------------------------------------------------- rounding
 
-
-@functools.cache
-def _target(target: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A 0-dim tensor of ``target``, made once per dtype and device (a rounding took four ops, and on a GPU a copy
-    from the host, to make it every time); nothing writes to it."""
-    return torch.tensor(target, dtype=dtype, device=device)
+_DOWN, _UP, _ZERO = (struct.pack("<d", t) for t in (-math.inf, math.inf, 0.0))  # where _toward steps
 
 
-def _toward(y: torch.Tensor, target: float) -> torch.Tensor:
-    return torch.nextafter(y, _target(target, y.dtype, y.device))
+def _toward(y: torch.Tensor, target: bytes) -> torch.Tensor:
+    return torch.nextafter(y, _constant(target, y.dtype, y.device))
 
 
 def _down32(x: torch.Tensor) -> torch.Tensor:
     """Largest FP32 value <= x (as float32)."""
     y = x.to(torch.float32)
-    return torch.where(y.to(F64) > x, _toward(y, -math.inf), y)
+    return torch.where(y.to(F64) > x, _toward(y, _DOWN), y)
 
 
 def _up32(x: torch.Tensor) -> torch.Tensor:
     """Smallest FP32 value >= x (as float32)."""
     y = x.to(torch.float32)
-    return torch.where(y.to(F64) < x, _toward(y, math.inf), y)
+    return torch.where(y.to(F64) < x, _toward(y, _UP), y)
 
 
 def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -152,7 +148,7 @@ def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return round_to(x, dtype).to(F64)
     y = x.to(torch.float32)
     back = y.to(F64)
-    y = torch.where(back.abs() > x.abs(), _toward(y, 0.0), y)  # toward zero
+    y = torch.where(back.abs() > x.abs(), _toward(y, _ZERO), y)  # toward zero
     # the truncation is inexact exactly where the nearest FP32 value is not x (a stepped one never is); NaN and the
     # infinities are exact (an infinite x casts to itself)
     inexact = (back != x) & ~torch.isnan(x)
