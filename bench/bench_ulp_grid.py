@@ -1,6 +1,8 @@
-"""ulp_stats' CUDA kernel against its grid size (issue 11, P2): GB/s of the fused statistics on two differing 256 MiB
-BF16 tensors for several programs per multiprocessor (``ulptrace._ulp_triton.PROGRAMS_PER_SM``), against a copy
-of the same bytes measured in the same run; the setting in the module is chosen from this.
+"""ulp_stats' CUDA kernel against its launch settings (issue 11, P2): GB/s of the fused statistics on two differing
+256 MiB BF16 tensors for programs per multiprocessor (``ulptrace._ulp_triton.PROGRAMS_PER_SM``), elements per
+program step (``BLOCK``) and warps per program (``WARPS``), against a copy of the same bytes measured in the same
+run; the module's settings are chosen from this. ``--sweep grid`` varies only the programs per multiprocessor
+(what a package without ``BLOCK``/``WARPS`` settings can run: an older commit's, for a before/after).
 
     python bench/bench_ulp_grid.py [--mib 256]
 """
@@ -8,6 +10,7 @@ of the same bytes measured in the same run; the setting in the module is chosen 
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import torch
@@ -31,6 +34,7 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--sweep", choices=("all", "grid"), default="all")
     args = p.parse_args()
     if args.mib < 1:
         p.error(f"--mib must be >= 1, but got {args.mib}")
@@ -42,17 +46,25 @@ def main() -> None:
     ba, bb, fmt = bits(a), bits(b), FORMATS[a.dtype]
     copy = 2 * a.nbytes / best_seconds(a.clone) / 1e9
     print(f"copy {copy:.0f} GB/s (torch {torch.__version__}, {torch.cuda.get_device_name()})")
-    chosen = _ulp_triton.PROGRAMS_PER_SM
+    names = ("PROGRAMS_PER_SM", "BLOCK", "WARPS") if args.sweep == "all" else ("PROGRAMS_PER_SM",)
+    chosen = {name: getattr(_ulp_triton, name) for name in names}
+    grid = {"PROGRAMS_PER_SM": (2, 4, 8, 16, 32, 1 << 30), "BLOCK": (1024, 2048, 4096, 8192), "WARPS": (4, 8, 16)}
+    results = []
     try:
-        for per_sm in (1, 2, 4, 8, 16, 32, None):  # None: one program per 4096-element block
-            _ulp_triton.PROGRAMS_PER_SM = per_sm if per_sm is not None else 1 << 30
+        for setting in itertools.product(*(grid[name] for name in names)):
+            for name, value in zip(names, setting):
+                setattr(_ulp_triton, name, value)
             rate = 2 * a.nbytes / best_seconds(lambda: _ulp_triton.stats(ba, bb, fmt)) / 1e9
-            label = "one per block" if per_sm is None else f"{per_sm:>13d}"
-            print(f"programs per SM {label}: {rate:6.0f} GB/s = {rate / copy:6.1%} of copy"
-                  + ("   (the module's setting)" if per_sm == chosen else ""))
+            label = ", ".join(f"{name} {'one per block' if value == 1 << 30 else value}"
+                              for name, value in zip(names, setting))
+            results.append((rate, label))
+            print(f"{label}: {rate:6.0f} GB/s = {rate / copy:6.1%} of copy"
+                  + ("   (the module's setting)" if setting == tuple(chosen.values()) else ""), flush=True)
     finally:
-        _ulp_triton.PROGRAMS_PER_SM = chosen
-
+        for name, value in chosen.items():
+            setattr(_ulp_triton, name, value)
+    rate, label = max(results)
+    print(f"best: {label}: {rate:.0f} GB/s = {rate / copy:.1%} of copy")
 
 if __name__ == "__main__":
     main()

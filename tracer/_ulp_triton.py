@@ -20,7 +20,7 @@ except ImportError:  # CPU-only installs: the torch path serves
     triton = None
 
 AVAILABLE = triton is not None
-BINS = 32  # codes 0..16 = distance, 17 = "> 16", 18 = nonfinite, 19 = padding (ignored)
+BUCKETS = 8  # codes 0 "0", 1 "1", 2 "2", 3 "3-4", 4 "5-8", 5 "9-16", 6 ">16", 7 nonfinite: HISTOGRAM_BUCKETS' order
 
 if AVAILABLE:
 
@@ -32,12 +32,16 @@ if AVAILABLE:
 
     @triton.jit
     def _kernel(a_ptr, b_ptr, counts_ptr, max_ptr, n, MAG: tl.constexpr, LIMIT: tl.constexpr,
-                WIDE: tl.constexpr, BLOCK: tl.constexpr):
-        # grid-stride: each program walks blocks pid, pid + programs, ... accumulating its histogram and maximum in
-        # registers, and adds them to the global counters once (one atomic per counter per program, not per block)
+                WIDE: tl.constexpr, BLOCK: tl.constexpr, FIELD: tl.constexpr):
+        # grid-stride: each program walks blocks pid, pid + programs, ... Each lane counts its elements' histogram
+        # buckets (HISTOGRAM_BUCKETS' eight) in two int64 registers, four FIELD-bit fields each (the host keeps a
+        # lane's elements under 2**FIELD: field_limit), so a block costs a few integer operations per element and no
+        # cross-lane work; the lanes' fields are summed once per program and added to the global counters with one
+        # atomic per counter. Padding lanes count in bucket 0 and are taken off by the host (it knows how many).
         pid = tl.program_id(0).to(tl.int64)
         stride = tl.num_programs(0).to(tl.int64) * BLOCK
-        hist = tl.zeros([32], dtype=tl.int64)  # int64: a program's share of n may pass 2**31
+        low = tl.zeros([BLOCK], dtype=tl.int64)  # buckets 0-3
+        high = tl.zeros([BLOCK], dtype=tl.int64)  # buckets 4-7
         top = tl.zeros([BLOCK], dtype=WIDE)
         for start in range(pid * BLOCK, n, stride):
             offsets = start + tl.arange(0, BLOCK)
@@ -45,20 +49,34 @@ if AVAILABLE:
             xa = tl.load(a_ptr + offsets, mask=inside, other=0).to(WIDE)
             xb = tl.load(b_ptr + offsets, mask=inside, other=0).to(WIDE)
             nan, distance = _distance(xa, xb, xa & MAG, xb & MAG, LIMIT)
-            code = tl.where(nan, 18, tl.minimum(distance, 17))
-            code = tl.where(inside, code, 19).to(tl.int32)
-            hist += tl.histogram(code, 32).to(tl.int64)
-            top = tl.maximum(top, tl.where(nan | ~inside, 0, distance))
-        tl.atomic_add(counts_ptr + tl.arange(0, 32), hist)
+            # 0, 1, 2 as themselves; 3-4 -> 3, 5-8 -> 4, 9-16 -> 5, > 16 -> 6; NaN on either side -> 7
+            code = tl.where(distance <= 2, distance, tl.where(distance <= 4, 3, tl.where(
+                distance <= 8, 4, tl.where(distance <= 16, 5, 6))))
+            code = tl.where(nan, 7, code).to(tl.int64)
+            one = tl.full([BLOCK], 1, tl.int64) << ((code & 3) * FIELD)
+            low += tl.where(code < 4, one, 0)
+            high += tl.where(code < 4, 0, one)
+            top = tl.maximum(top, tl.where(nan, 0, distance))  # padding lanes: distance 0
+        for bucket in tl.static_range(4):
+            tl.atomic_add(counts_ptr + bucket, tl.sum((low >> (FIELD * bucket)) & ((1 << FIELD) - 1), axis=0))
+            tl.atomic_add(counts_ptr + 4 + bucket, tl.sum((high >> (FIELD * bucket)) & ((1 << FIELD) - 1), axis=0))
         tl.atomic_max(max_ptr, tl.max(top, axis=0).to(tl.int64))
 
 
 PROGRAMS_PER_SM = 16  # ulp_stats' grid: enough programs to keep every SM's loads in flight, few global atomics
+BLOCK, WARPS = 4096, 8  # elements per program and step, warps per program (bench/bench_ulp_grid.py measures them)
+FIELD_BITS = 16  # the width of a lane's bucket counters in the kernel (four in an int64)
+
+
+def field_limit() -> int:
+    """How many elements one lane of ``ulp_stats``' kernel may count: its fields' largest value."""
+    return (1 << FIELD_BITS) - 1
 
 
 def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs: int | None = None
           ) -> tuple[list[int], int]:
-    """(19 code counts, max finite distance) of two bit-pattern tensors of one integer dtype on CUDA.
+    """(counts of the eight ``HISTOGRAM_BUCKETS`` in order, max finite distance) of two bit-pattern tensors of one
+    integer dtype on CUDA.
 
     One launch of at most ``PROGRAMS_PER_SM`` programs per multiprocessor (``max_programs`` caps it: tests use it
     to make each program walk several blocks).
@@ -70,19 +88,21 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
         raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
     a, b = bits_a.reshape(-1), bits_b.reshape(-1)
     n = a.numel()
-    result = torch.zeros(BINS + 1, dtype=torch.int64, device=a.device)  # the counts, then the maximum: one read back
-    counts, maximum = result[:BINS], result[BINS:]
-    block = 4096
+    result = torch.zeros(BUCKETS + 1, dtype=torch.int64, device=a.device)  # the counts, then the maximum: one read
+    counts, maximum = result[:BUCKETS], result[BUCKETS:]
     wide = tl.int64 if fmt.bits > 16 else tl.int32
-    programs = triton.cdiv(n, block)
+    programs = triton.cdiv(n, BLOCK)
     if a.is_cuda:
         programs = min(programs, PROGRAMS_PER_SM * torch.cuda.get_device_properties(a.device).multi_processor_count)
     if max_programs is not None:
         programs = min(programs, max_programs)
-    _kernel[(max(programs, 1),)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
-                                 BLOCK=block, num_warps=8)
+    # enough programs that no lane counts more than field_limit() elements (one per block it walks)
+    programs = max(programs, triton.cdiv(n, BLOCK * field_limit()), 1)
+    _kernel[(programs,)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
+                         BLOCK=BLOCK, FIELD=FIELD_BITS, num_warps=WARPS)
     host = result.tolist()
-    return host[:19], host[BINS]
+    padding = -(-n // BLOCK) * BLOCK - n  # the last block's lanes past n, counted as bucket 0
+    return [host[0] - padding, *host[1:BUCKETS]], host[BUCKETS]
 
 
 # -- records' statistics, per element and per row, many records in one launch, no host synchronisation -------

@@ -681,8 +681,8 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
         c = _cpu_stats()(ba, bb, fmt, rows=False)
         return UlpStats(n - c[0], c[20], _buckets(c[0:19]))
     if a.is_cuda and _triton_stats() is not None:
-        c, top = _triton_stats()(ba, bb, fmt)  # one fused pass
-        return UlpStats(n - c[0], top, _buckets(c))
+        counts, top = _triton_stats()(ba, bb, fmt)  # one fused pass: the buckets' counts
+        return UlpStats(n - counts[0], top, dict(zip(HISTOGRAM_BUCKETS, counts)))
     # ordered keys in the narrowest integer that holds a distance (int32 up to 16-bit formats); on the CPU in
     # cache-sized chunks, so the few elementwise passes run from cache rather than from memory
     wide = torch.int64 if fmt.bits > 16 else torch.int32

@@ -109,8 +109,8 @@ def _grid_stride_case(dtype):
 def _fused_ulp_stats(a, b, **kw):
     from ulptrace import _ulp_triton
 
-    c, top = _ulp_triton.stats(U.bits(a), U.bits(b), FORMATS[a.dtype], **kw)
-    return a.numel() - c[0], top, U._buckets(c)
+    counts, top = _ulp_triton.stats(U.bits(a), U.bits(b), FORMATS[a.dtype], **kw)
+    return a.numel() - counts[0], top, dict(zip(U.HISTOGRAM_BUCKETS, counts))
 
 
 @pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
@@ -130,3 +130,45 @@ def test_grid_stride_kernel_on_the_gpu(dtype) -> None:
     expected = _reference(a, b)
     for programs in (1, 2, 3, None):
         assert _fused_ulp_stats(a.cuda(), b.cuda(), max_programs=programs) == expected, programs
+
+
+def _distance_ladder():
+    """BF16 pairs at every ordered-key distance 0..40 from 1.0, across zero (-2**-130 .. +), to NaN and to inf:
+    each histogram bucket's edges (2/3, 4/5, 8/9, 16/17) are hit, with the counts derived by hand."""
+    base = 0x3F80  # 1.0
+    ks = list(range(41))
+    a = [base] * len(ks) + [0x8001, 0x0000, 0x7F80, 0x7FC0, 0x3F80]
+    b = [base + k for k in ks] + [0x0002, 0x8000, 0x7F7F, 0x3F80, 0xFFC1]
+    # across zero: -1 subnormal ULP to +2 -> 3 ULPs; -0 vs +0 -> 0 ULPs apart but not the same bits; +inf vs the
+    # largest finite -> 1; NaN against 1.0 and 1.0 against a negative NaN -> nonfinite
+    to = lambda xs: torch.tensor(xs, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    counts = {"0": 1 + 1, "1": 1 + 1, "2": 1, "3-4": 2 + 1, "5-8": 4, "9-16": 8, ">16": 24, "nonfinite": 2}
+    return to(a), to(b), counts, 40
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
+def test_fused_histogram_edges_in_the_triton_interpreter() -> None:
+    pytest.importorskip("triton")
+    a, b, counts, top = _distance_ladder()
+    assert _fused_ulp_stats(a, b) == (a.numel() - counts["0"], top, counts)
+    assert tuple(ulp_stats(a, b)) == (a.numel() - counts["0"], top, counts)  # the CPU pass agrees
+
+
+@pytest.mark.gpu
+def test_fused_histogram_edges_on_the_gpu() -> None:
+    a, b, counts, top = _distance_ladder()
+    assert tuple(ulp_stats(a.cuda(), b.cuda())) == (a.numel() - counts["0"], top, counts)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
+def test_fused_counters_never_overflow_in_the_triton_interpreter(monkeypatch) -> None:
+    """The kernel counts each lane's buckets in FIELD_BITS-bit fields; the launch takes enough programs that no lane
+    passes a field's largest value, whatever ``max_programs`` asks: with 2-bit fields (3 a lane) and one program
+    asked for, the five blocks' counts still equal the definition (one program would count 5 per lane and spill)."""
+    pytest.importorskip("triton")
+    from ulptrace import _ulp_triton
+
+    a, b = _grid_stride_case(torch.bfloat16)
+    monkeypatch.setattr(_ulp_triton, "BLOCK", 4096)
+    monkeypatch.setattr(_ulp_triton, "FIELD_BITS", 2)
+    assert _fused_ulp_stats(a, b, max_programs=1) == _reference(a, b)
