@@ -16,7 +16,9 @@ models (issue 11: "where a goal is not reached, say what bounds it — measure i
    records aligned, comparisons started and finished, no statistics computed);
 5. ``onset``: ``run_onset`` as it is.
 
-``--layers`` times some of them (with ``untraced``, the base). Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
+``--layers`` times some of them (with ``untraced``, the base); ``--flush-every N ...`` adds the onset with its
+statistics read back every N records (``onset/N``: each read-back waits for the device, so it measures what those
+waits cost). Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
 many of its collections were full ones) is reported too. The differences between the layers are what each adds.
 
     python bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
@@ -72,6 +74,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--layers", nargs="+", metavar="LAYER", default=list(LAYERS),
                    help=f"the layers to time (default: all; 'untraced' is always timed, the ratios' base): {', '.join(LAYERS)}")
+    p.add_argument("--flush-every", type=int, nargs="+", default=[], metavar="N",
+                   help="also time the onset with the streaming comparison reading its statistics back every N records "
+                        "(StreamingComparator.BATCH; each read waits for the device), one layer 'onset/N' per value")
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
@@ -80,7 +85,9 @@ def main() -> None:
     unknown = [name for name in args.layers if name not in LAYERS]
     if unknown:
         p.error(f"--layers takes {', '.join(LAYERS)}, but got {', '.join(unknown)}")
-    if set(args.layers) <= {"untraced"}:
+    if any(n < 1 for n in args.flush_every):
+        p.error(f"--flush-every takes record counts >= 1, but got {args.flush_every}")
+    if set(args.layers) <= {"untraced"} and not args.flush_every:
         p.error(f"--layers names only the base 'untraced': name a layer to time against it ({', '.join(LAYERS[1:])})")
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
@@ -155,6 +162,18 @@ def main() -> None:
              "reference": reference, "bookkeeping": bookkeeping, "onset": full}
     assert tuple(every) == LAYERS
     layers = {name: run for name, run in every.items() if name == "untraced" or name in args.layers}
+
+    def flushing(n: int):
+        def run() -> None:
+            batch = comparison.StreamingComparator.BATCH
+            comparison.StreamingComparator.BATCH = n
+            try:
+                onset.run_onset(cfg)
+            finally:
+                comparison.StreamingComparator.BATCH = batch
+        return run
+
+    layers.update({f"onset/{n}": flushing(n) for n in args.flush_every})
     for run in layers.values():  # warm-up: lazy initialisation, kernel compilation
         run()
     times: dict[str, list[float]] = {name: [] for name in layers}

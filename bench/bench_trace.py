@@ -9,7 +9,9 @@
 
 P1 is measured cold (the first traced run pays one-time costs such as Triton's compilation of the statistics
 kernel, cached on disk for later processes) and warm: the least of ``--warm-repeats`` later runs of the same work
-(default 3, as the untraced pair is the least of 3 runs after its warm-up; before 2026-12-02 a single warm run);
+(default 3), each followed by an untraced run of the pair on prebuilt models, whose least (of those and two before)
+is the base: interleaved, so that a host slowing for a while slows both sides (before the eighth round the untraced
+pair was the least of 3 runs made before any traced one; before 2026-12-02 the warm figure was a single run);
 ``--profile FILE`` writes cProfile's top functions of a third run (profiled runs are not timed: the profiler
 slows Python-heavy code). ``bench/bench_p1_parts.py`` splits P1 into its layers. ``--goals`` measures some goals
 only (P5 reads P1's first traced run); ``--reference-memory`` is onset's (where the reference's records wait: P5 at
@@ -27,6 +29,7 @@ timings — removed), so two commits can be checked for identical verdicts, stat
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -50,24 +53,34 @@ def _clean(data: object) -> object:
     return data
 
 
-def untraced_pair(cfg, repeats: int = 3) -> float:
-    """Seconds for the reference generation and the forced candidate generation, untraced (models prebuilt): the
-    least of ``repeats`` runs after a whole warm-up run (a first run of a shape pays one-time costs — allocator
-    growth, library handles — that a traced run measured later in the process no longer pays)."""
+def untraced_runner(cfg):
+    """A function timing one run of the reference generation and the forced candidate generation, untraced, on
+    models built once here (prebuilt: the builds are not timed), with a whole warm-up run done first (a first run
+    of a shape pays one-time costs — allocator growth, library handles — that a traced run measured later in the
+    process no longer pays). Timing its runs between the traced ones (interleaved) lets both sides see the same
+    state of the host: a host that slows for a while slows both, not only the one measured then."""
     from ulptrace.paths import apply_path
     from ulptrace.run import build_pair, greedy
 
     ref, cand, prompts = build_pair(cfg)
-    with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
-        times = []
-        for _ in range(repeats + 1):  # the first is the warm-up
+
+    def run() -> float:
+        with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
             _sync(cfg.device)
             t0 = time.perf_counter()
             tokens = greedy(ref, prompts, cfg.new_tokens)
             greedy(cand, prompts, cfg.new_tokens, forced=tokens)
             _sync(cfg.device)
-            times.append(time.perf_counter() - t0)
-        return min(times[1:])
+            return time.perf_counter() - t0
+
+    run()
+    return run
+
+
+def untraced_pair(cfg, repeats: int = 3) -> float:
+    """Seconds for the untraced pair (:func:`untraced_runner`): the least of ``repeats`` runs after the warm-up."""
+    run = untraced_runner(cfg)
+    return min(run() for _ in range(repeats))
 
 
 def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int]:
@@ -220,19 +233,28 @@ def main() -> None:
         traced(cfg3, args.reports, "P3-oracle")
         return
     goals = set(args.goals)
+    pair = None
     if goals & {"P1", "P5"}:
-        pair = untraced_pair(cfg)
-        seconds, peak = traced(cfg, args.reports, "P1-no-oracle")
+        untraced_pair(cfg, repeats=1)  # the process warmed up as the traced run will find it (models freed after)
+        gc.collect()
+        seconds, peak = traced(cfg, args.reports, "P1-no-oracle")  # the first traced run: cold, P5's peak
     if "P1" in goals:
-        warm_all = [traced(cfg, None, "P1-warm")[0] for _ in range(args.warm_repeats)]
-        warm = min(warm_all)
+        run_untraced = untraced_runner(cfg)  # built after the cold run, so that its models are not in P5's peak
+        pair_all = [run_untraced() for _ in range(2)]
+        warm_all = []
+        for _ in range(args.warm_repeats):  # interleaved with untraced runs: both sides see the host's same moods
+            warm_all.append(traced(cfg, None, "P1-warm")[0])
+            pair_all.append(run_untraced())
+        warm, pair = min(warm_all), min(pair_all)
+        del run_untraced
         if args.profile:  # a third run: the profiler slows Python-heavy code, so the warm figure is not taken from it
             traced(cfg, None, "P1-profiled", args.profile)
         out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
-                     "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_onset_all_s": warm_all}
+                     "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_onset_all_s": warm_all,
+                     "untraced_pair_all_s": pair_all}
         print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
-              f"(least of {args.warm_repeats})",
+              f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved)",
               flush=True)
     if "P2" in goals:
         st = stats_bandwidth(args.device, args.stats_mib)
@@ -254,7 +276,7 @@ def main() -> None:
                      "ratio": peak / untraced_peak}
         print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference {args.reference_memory}): onset "
               f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x "
-              f"(onset {seconds:.2f} s vs untraced pair {pair:.2f} s)", flush=True)
+              f"(onset {seconds:.2f} s" + ("" if pair is None else f" vs untraced pair {pair:.2f} s") + ")", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
 
