@@ -6,6 +6,8 @@
 # folder as OUT and tar it into the real one, as RESULTS.md's fifth round did).
 # With .base/ carried (`git archive <commit> tracer probes kernels | tar -x -C .base`, git-ignored) the reports of that
 # commit's package are written first, before this tree is installed (to $OUT/base_reports), for an identity check.
+# FLUSH="256 4096" adds the onset with its statistics read back every N records (bench_p1_parts.py --flush-every);
+# GRID=1 sweeps ulp_stats' kernel settings (bench_ulp_grid.py; with .prev/ carried, that commit's kernel first);
 # LAUNCH=0 skips bench_launch.py; NATIVE=1 adds bench_native_copy.py; SPY=1 (py-spy installed, e.g. from a carried
 # wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py.
 set -uo pipefail
@@ -26,8 +28,16 @@ if [ "${LAUNCH:-1}" != 0 ]; then
 fi
 python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
     --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
-python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} --json $OUT/p1_parts.json 2>&1 | grep -v Warn \
-    | tee $OUT/p1_parts.log
+python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} ${FLUSH:+--flush-every $FLUSH} \
+    --json $OUT/p1_parts.json 2>&1 | grep -v Warn | tee $OUT/p1_parts.log
+if [ "${GRID:-0}" != 0 ]; then  # ulp_stats' kernel against its launch settings; .prev/'s (an older commit's) beside it
+    if [ -d .prev/tracer ]; then
+        mkdir -p /tmp/prev && cp -r .prev/tracer /tmp/prev/ulptrace && ln -s "$PWD/.prev/probes" /tmp/prev/ulptrace/probes \
+            && ln -s "$PWD/.prev/kernels" /tmp/prev/ulptrace/kernels
+        PYTHONPATH=/tmp/prev python3 bench/bench_ulp_grid.py --sweep grid 2>&1 | tee $OUT/ulp_grid_prev.log
+    fi
+    python3 bench/bench_ulp_grid.py 2>&1 | tee $OUT/ulp_grid.log
+fi
 if [ "${NATIVE:-0}" != 0 ]; then  # what a copy and a launch cost below Python (builds a small extension)
     python3 bench/bench_native_copy.py --json $OUT/native_copy.json 2>&1 | grep -v Warn | tee $OUT/native_copy.log
 fi
