@@ -64,7 +64,10 @@ if AVAILABLE:
 
 
 PROGRAMS_PER_SM = 16  # ulp_stats' grid: enough programs to keep every SM's loads in flight, few global atomics
-BLOCK, WARPS = 4096, 8  # elements per program and step, warps per program (bench/bench_ulp_grid.py measures them)
+# elements per program and step, warps per program: the H200's best region (bench/bench_ulp_grid.py, 2026-12-02:
+# 16 per SM, 2,048, 4 warps 37.3% of copy; 1,024-2,048 elements with 4 warps 37-38% at 16-32 per SM; 4,096 with
+# 8 warps, the setting before, 24.9%)
+BLOCK, WARPS = 2048, 4
 FIELD_BITS = 16  # the width of a lane's bucket counters in the kernel (four in an int64)
 
 

@@ -548,7 +548,7 @@ class StreamingComparator:
     them, never copied.
     """
 
-    BATCH = 256
+    BATCH = 4096  # each read-back waits for the device: H200, 8 x 128, 16 steps, 256 -> 4,096 took P1 2.10x -> 1.88x
     live_bytes = LIVE_BYTES
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,

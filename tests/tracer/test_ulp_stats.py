@@ -96,7 +96,9 @@ def test_grouped_histograms_equal_one_histogram_per_group() -> None:
 
 def _grid_stride_case(dtype):
     gen = torch.Generator().manual_seed(3)
-    n = 4 * 4096 + 77  # five blocks: with two programs, each walks two or three of them
+    from ulptrace._ulp_triton import BLOCK
+
+    n = 4 * BLOCK + 77  # five blocks: with two programs, each walks two or three of them
     a = torch.randn(n, generator=gen).mul(4).to(dtype)
     b = a.clone()
     idx = torch.randint(0, n, (n // 5,), generator=gen)
