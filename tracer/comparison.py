@@ -548,7 +548,11 @@ class StreamingComparator:
     them, never copied.
     """
 
-    BATCH = 4096  # each read-back waits for the device: H200, 8 x 128, 16 steps, 256 -> 4,096 took P1 2.10x -> 1.88x
+    # each read-back waits for the device (the run loses its lead over the GPU): fewer of them. On the H200 (8 x 128,
+    # 16 steps) 4,096 against 256 read 1.88x vs 2.10x in one call and 1.80x vs 1.46x in the next: within that
+    # host's noise, not a measured gain (RESULTS.md, eighth round). Kept: waiting less often cannot lose overlap, and
+    # 4,096 records' pending statistics hold ~1 MiB of result slabs on the device
+    BATCH = 4096
     live_bytes = LIVE_BYTES
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
