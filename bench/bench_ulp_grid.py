@@ -66,5 +66,6 @@ def main() -> None:
     rate, label = max(results)
     print(f"best: {label}: {rate:.0f} GB/s = {rate / copy:.1%} of copy")
 
+
 if __name__ == "__main__":
     main()

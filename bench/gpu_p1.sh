@@ -12,10 +12,10 @@
 # wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
+. bench/package.sh
 BENCH="bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
 if [ -d .base/tracer ]; then
-    mkdir -p /tmp/base && cp -r .base/tracer /tmp/base/ulptrace && ln -s "$PWD/.base/probes" /tmp/base/ulptrace/probes \
-        && ln -s "$PWD/.base/kernels" /tmp/base/ulptrace/kernels
+    package .base base
     PYTHONPATH=/tmp/base python3 $BENCH --reports-only --reports $OUT/base_reports 2>&1 | grep -v Warn | tail -3
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -32,8 +32,7 @@ python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${R
     --json $OUT/p1_parts.json 2>&1 | grep -v Warn | tee $OUT/p1_parts.log
 if [ "${GRID:-0}" != 0 ]; then  # ulp_stats' kernel against its launch settings; .prev/'s (an older commit's) beside it
     if [ -d .prev/tracer ]; then
-        mkdir -p /tmp/prev && cp -r .prev/tracer /tmp/prev/ulptrace && ln -s "$PWD/.prev/probes" /tmp/prev/ulptrace/probes \
-            && ln -s "$PWD/.prev/kernels" /tmp/prev/ulptrace/kernels
+        package .prev prev
         PYTHONPATH=/tmp/prev python3 bench/bench_ulp_grid.py --sweep grid 2>&1 | tee $OUT/ulp_grid_prev.log
     fi
     python3 bench/bench_ulp_grid.py 2>&1 | tee $OUT/ulp_grid.log

@@ -9,10 +9,7 @@ set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 LONG=${LONG:-512}
 BENCH="bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --new-tokens 16 --reference-memory host"
-package() {  # package DIR NAME: an older tree's package importable from /tmp/NAME
-    mkdir -p /tmp/$2 && cp -r $1/tracer /tmp/$2/ulptrace && ln -s "$PWD/$1/probes" /tmp/$2/ulptrace/probes \
-        && ln -s "$PWD/$1/kernels" /tmp/$2/ulptrace/kernels
-}
+. bench/package.sh
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
 if [ "${TESTS:-}" != none ]; then

@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import torch
+from ulptrace.ulp import HISTOGRAM_BUCKETS
 
 try:
     import triton
@@ -20,7 +21,7 @@ except ImportError:  # CPU-only installs: the torch path serves
     triton = None
 
 AVAILABLE = triton is not None
-BUCKETS = 8  # codes 0 "0", 1 "1", 2 "2", 3 "3-4", 4 "5-8", 5 "9-16", 6 ">16", 7 nonfinite: HISTOGRAM_BUCKETS' order
+BUCKETS = len(HISTOGRAM_BUCKETS)  # ulp_stats' kernel codes them in order: 0 "0", 1 "1", 2 "2", 3 "3-4", ... 7 nonfinite
 
 if AVAILABLE:
 
