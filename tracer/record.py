@@ -71,6 +71,9 @@ class Sink(Protocol):
     def add(self, record: Record) -> None: ...
 
 
+# a copy of at most this many bytes is held to the step's end, for the value's or its views' later observations
+# (Recorder._copy_once): a decode step's values (0.8B, batch 8: 16-128 KiB), not a long prefill's
+HOLD_BYTES = 256 << 10
 LIVE_BYTES = 64 << 20  # values of this size and more go uncopied to sinks that take them (Sink.live_bytes)
 
 
@@ -370,6 +373,9 @@ class Recorder:
         self._buffer: dict[str, torch.Tensor] = {}
         # id(observed) -> (it, its version, its copy, the observing call's serial), the first and third weakly
         self._copies: dict[int, tuple[Any, int, Any, int]] = {}
+        # storage -> small contiguous observed tensors in it, each (it weakly, its version, its copy, the serial): the
+        # copies are held to the step's end (HOLD_BYTES); a later view inside one is served by a view of its copy
+        self._bases: dict[int, list[tuple[Any, int, torch.Tensor, int]]] = {}
         self._serial = 0  # counts _observe calls
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
@@ -423,6 +429,7 @@ class Recorder:
         for handle in reversed(self._handles):
             handle.remove()
         self._handles = []
+        self._copies, self._bases = {}, {}
         self._active = False
         active = self.model.__dict__.get(RECORDERS_ATTR, [])
         if self in active:
@@ -573,7 +580,7 @@ class Recorder:
         if not self._capturing:  # a captured step counts when it is replayed
             self.step += 1
         self._buffer, self._left = {}, {}
-        self._copies = {}
+        self._copies, self._bases = {}, {}
         self._calls = defaultdict(int)
 
     def _recording(self) -> bool:
@@ -756,9 +763,11 @@ class Recorder:
 
     def _copy_once(self, value: torch.Tensor, outputs: bool = False) -> torch.Tensor:
         """A copy of ``value``: the one made earlier in this step when the same tensor, unchanged since (its version
-        counter) and still copied (the copy is held only by records and the buffer), was observed under another
-        name — a layer's output is the next layer's input — else a new one. Shared copies also let a comparison
-        compare such a pair once (``ulptrace.comparison.KnownPairs``).
+        counter) and its copy still held, was observed under another name — a layer's output is the next layer's
+        input — or a view of such a copy when ``value`` is a view inside such a tensor (``_view_of_copy``); else a
+        new one. A copy is held by the records and the buffer, and one of at most ``HOLD_BYTES`` by the recorder to
+        the step's end, so whether a decode step's value is copied again does not depend on what the sink keeps.
+        Shared copies also let a comparison compare such a pair once (``ulptrace.comparison.KnownPairs``).
 
         ``outputs`` (a module call's results): only a copy made in the same observation is reused. A module may
         write a tensor in place behind the version counter — a kernel registered with ``Tensor(a!)`` writes through
@@ -772,9 +781,34 @@ class Recorder:
             copy = entry[2]()
             if copy is not None:
                 return copy
-        copy = _copy(value)
+        copy = self._view_of_copy(value, outputs)
+        fresh = copy is None
+        if fresh:
+            copy = _copy(value)
         self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial)
+        if fresh and value.nbytes <= HOLD_BYTES and value.is_contiguous():
+            # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
+            self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
+                (weakref.ref(value), value._version, copy, self._serial))
         return copy
+
+    def _view_of_copy(self, value: torch.Tensor, outputs: bool) -> torch.Tensor | None:
+        """A contiguous ``value`` that lies inside a contiguous tensor copied earlier in this step (a view of it: HF
+        splits a projection into query, key and value and reshapes them), under the rules of ``_copy_once`` (the
+        version counter, which a view shares with its base, unchanged; ``outputs``: copied in the same observation):
+        the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
+        not contiguous is copied as it is (a statistics kernel reads contiguous memory)."""
+        if not self._bases or not value.is_contiguous():
+            return None
+        for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
+            base, copy = entry[0](), entry[2]
+            if base is None or entry[1] != value._version or entry[1] != base._version \
+                    or base.dtype != value.dtype or (outputs and entry[3] != self._serial):
+                continue
+            start = value.storage_offset() - base.storage_offset()
+            if 0 <= start and start + value.numel() <= base.numel():
+                return copy.view(-1)[start:start + value.numel()].view(value.shape)
+        return None
 
     def _emit(self, site: _Emitter, out: torch.Tensor, path: str) -> None:
         call = self._calls.get(path, 0)

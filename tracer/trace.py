@@ -231,8 +231,14 @@ class TraceWriter:
         name = _shard_name(self._step)  # type: ignore[arg-type]
         devices = {v.device for v in self._pending.values() if v.is_cuda}
         # GPU tensors go to pinned host memory asynchronously; the writer waits for those copies (an event); a host
-        # tensor that is a view of a larger storage (a slice) is copied out of it
-        tensors = {k: _own_storage(v) for k, v in self._pending.items()}
+        # tensor that is a view of a larger storage (a slice), or shares its storage with another, is copied out of it
+        tensors, storages = {}, set()
+        for k, v in self._pending.items():
+            own = _own_storage(v)
+            where = own.untyped_storage().data_ptr()
+            # two views of one copy (a recorder serves a view of a value it copied by a view of that copy)
+            tensors[k] = own.clone() if where in storages and own.device.type == "cpu" and own.nbytes else own
+            storages.add(where)
         events = []
         for device in devices:
             event = torch.cuda.Event()

@@ -414,3 +414,50 @@ def test_a_tapped_functions_inputs_are_recorded_as_it_received_them(qwen, prompt
     ours, theirs = writing.trace["layers.0.linear_attn.core", 1], plain.trace["layers.0.linear_attn.core", 1]
     assert ours.inputs["state"] is not None and torch.equal(ours.inputs["state"], theirs.inputs["state"])
     assert torch.equal(ours.out, theirs.out)
+
+
+class _Split(torch.nn.Module):
+    """a -> its output split into halves (views) -> b(first half), c(second half, after an in-place write to it)."""
+
+    def __init__(self, write: bool) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity()
+        self.write = write
+
+    def forward(self, x):
+        y = self.a(x.clone())
+        first, second = y.view(2, -1).unbind(0)
+        self.b(first)
+        if self.write:
+            second.mul_(3)  # a view's in-place write moves the version counter it shares with y
+        return self.c(second)
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_a_view_of_a_value_copied_before_is_that_copys_view_unless_written_since(write, monkeypatch) -> None:
+    """A contiguous view of a tensor the recorder copied earlier in the step (HF splits a projection into query, key
+    and value) is served by the same view of that copy — one copy, the view's values — while the version counter it
+    shares with the tensor has not moved; after an in-place write it is copied anew, with the written values."""
+    from ulptrace import record
+    from ulptrace.sites import Obs, Site
+
+    made = []
+    real = record._copy
+    monkeypatch.setattr(record, "_copy", lambda t: made.append(real(t)) or made[-1])
+    sites = [Site("a", "other", None, Obs("a", "out")),
+             Site("b", "other", None, Obs("b", "out"), {"x": Obs("b", "in0")}),
+             Site("c", "other", None, Obs("c", "out"), {"x": Obs("c", "in0")})]
+    x = torch.arange(8.0)
+    with Recorder(_Split(write), sites=sites) as rec:
+        rec.model(x)
+    a, b, c = (rec.trace[name, 0] for name in "abc")
+    assert torch.equal(a.out, x) and torch.equal(b.inputs["x"], x[:4]) and torch.equal(b.out, x[:4])
+    expected = x[4:] * 3 if write else x[4:]
+    assert torch.equal(c.inputs["x"], expected) and torch.equal(c.out, expected)
+    assert torch.equal(a.out, x)  # the copy the views were served from still holds a's output as observed
+    shares = lambda t: t.untyped_storage().data_ptr() == a.out.untyped_storage().data_ptr()
+    assert shares(b.inputs["x"])  # a view of a's copy, no copy of its own
+    assert shares(c.inputs["x"]) is (not write)
+    # a module's output (b's, c's: the view it was given) is copied after its call (_copy_once's rule for outputs)
+    assert not shares(b.out) and not shares(c.out)
+    assert len(made) == (4 if write else 3)
