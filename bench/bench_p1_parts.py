@@ -127,7 +127,7 @@ def main() -> None:
         plan = self._plan.get(path, {})
         for at, value in values.items():
             if isinstance(value, torch.Tensor) and at in plan:  # not a value the recorder already holds a copy of
-                self._copy_once(value, outputs)
+                self._copy_once(value, path if outputs else None)
 
     def clones() -> None:
         observing(clone_needed)

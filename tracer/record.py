@@ -371,11 +371,12 @@ class Recorder:
         self.step = -1
         self._handles: list[Any] = []
         self._buffer: dict[str, torch.Tensor] = {}
-        # id(observed) -> (it, its version, its copy, the observing call's serial), the first and third weakly
-        self._copies: dict[int, tuple[Any, int, Any, int]] = {}
-        # storage -> small contiguous observed tensors in it, each (it weakly, its version, its copy, the serial): the
-        # copies are held to the step's end (HOLD_BYTES); a later view inside one is served by a view of its copy
-        self._bases: dict[int, list[tuple[Any, int, torch.Tensor, int]]] = {}
+        # id(observed) -> (it, its version, its copy, the observing call's serial, the module whose call left it when
+        # it was observed as one's result, else None), the first and third weakly
+        self._copies: dict[int, tuple[Any, int, Any, int, str | None]] = {}
+        # storage -> small contiguous observed tensors in it, each as in _copies but its copy held to the step's end
+        # (HOLD_BYTES); a later view inside one is served by a view of its copy
+        self._bases: dict[int, list[tuple[Any, int, torch.Tensor, int, str | None]]] = {}
         self._serial = 0  # counts _observe calls
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
@@ -749,7 +750,7 @@ class Recorder:
                 buffer[key] = value
                 live.append((key, value))
             else:
-                buffer[key] = self._copy_once(value, outputs)
+                buffer[key] = self._copy_once(value, path if outputs else None)
             left[key] = entry.uses
             if entry.emitters:
                 fired.append(entry)
@@ -759,9 +760,9 @@ class Recorder:
                 self._emit(emitter, out, path)
         for key, value in live:  # still needed by a later reader: copied now, unchanged since it was observed
             if buffer.get(key) is value:
-                buffer[key] = self._copy_once(value, outputs)
+                buffer[key] = self._copy_once(value, path if outputs else None)
 
-    def _copy_once(self, value: torch.Tensor, outputs: bool = False) -> torch.Tensor:
+    def _copy_once(self, value: torch.Tensor, outputs: str | None = None) -> torch.Tensor:
         """A copy of ``value``: the one made earlier in this step when the same tensor, unchanged since (its version
         counter) and its copy still held, was observed under another name — a layer's output is the next layer's
         input — or a view of such a copy when ``value`` is a view inside such a tensor (``_view_of_copy``); else a
@@ -769,15 +770,18 @@ class Recorder:
         the step's end, so whether a decode step's value is copied again does not depend on what the sink keeps.
         Shared copies also let a comparison compare such a pair once (``ulptrace.comparison.KnownPairs``).
 
-        ``outputs`` (a module call's results): only a copy made in the same observation is reused. A module may
-        write a tensor in place behind the version counter — a kernel registered with ``Tensor(a!)`` writes through
-        its pointer and no counter moves, as vLLM's fused add + RMSNorm does to its residual, which it returns — so
-        a copy of its input made before the call would be shown as its output."""
+        ``outputs`` (the path of the module whose call left ``value``: its post-hook, a tap's result): only a copy
+        made in the same observation, or of a result of a module called inside that one (an MLP returns its
+        ``down_proj``'s output), is reused. A module may write a tensor in place behind the version counter — a
+        kernel registered with ``Tensor(a!)`` writes through its pointer and no counter moves, as vLLM's fused add +
+        RMSNorm does to its residual, which it returns — so a copy of its input made before the call would be shown
+        as its output; a copy made after a call inside it is as late as any input's (the code between two
+        observations is trusted to move the counter when it writes)."""
         if value.is_inference():  # no version counter: always a new copy
             return _copy(value)
         entry = self._copies.get(id(value))
         if entry is not None and entry[0]() is value and entry[1] == value._version \
-                and (not outputs or entry[3] == self._serial):
+                and (outputs is None or self._after_call(entry, outputs)):
             copy = entry[2]()
             if copy is not None:
                 return copy
@@ -785,17 +789,23 @@ class Recorder:
         fresh = copy is None
         if fresh:
             copy = _copy(value)
-        self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial)
+        self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
         if fresh and value.nbytes <= HOLD_BYTES and value.is_contiguous():
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
             self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
-                (weakref.ref(value), value._version, copy, self._serial))
+                (weakref.ref(value), value._version, copy, self._serial, outputs))
         return copy
 
-    def _view_of_copy(self, value: torch.Tensor, outputs: bool) -> torch.Tensor | None:
+    def _after_call(self, entry: tuple, path: str) -> bool:
+        """Whether the copy of ``entry`` may stand for a result of module ``path``'s call (``_copy_once``): made in
+        this observation, or when a module inside it returned."""
+        return entry[3] == self._serial or (entry[4] is not None and entry[4].startswith(path)
+                                            and entry[4][len(path):len(path) + 1] == ".")
+
+    def _view_of_copy(self, value: torch.Tensor, outputs: str | None) -> torch.Tensor | None:
         """A contiguous ``value`` that lies inside a contiguous tensor copied earlier in this step (a view of it: HF
         splits a projection into query, key and value and reshapes them), under the rules of ``_copy_once`` (the
-        version counter, which a view shares with its base, unchanged; ``outputs``: copied in the same observation):
+        version counter, which a view shares with its base, unchanged; ``outputs``: copied after the call began):
         the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
         not contiguous is copied as it is (a statistics kernel reads contiguous memory)."""
         if not self._bases or not value.is_contiguous():
@@ -803,7 +813,7 @@ class Recorder:
         for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
             base, copy = entry[0](), entry[2]
             if base is None or entry[1] != value._version or entry[1] != base._version \
-                    or base.dtype != value.dtype or (outputs and entry[3] != self._serial):
+                    or base.dtype != value.dtype or (outputs is not None and not self._after_call(entry, outputs)):
                 continue
             start = value.storage_offset() - base.storage_offset()
             if 0 <= start and start + value.numel() <= base.numel():

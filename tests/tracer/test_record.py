@@ -461,3 +461,34 @@ def test_a_view_of_a_value_copied_before_is_that_copys_view_unless_written_since
     # a module's output (b's, c's: the view it was given) is copied after its call (_copy_once's rule for outputs)
     assert not shares(b.out) and not shares(c.out)
     assert len(made) == (4 if write else 3)
+
+
+class _Outer(torch.nn.Module):
+    """outer returns what its inner module returned (an MLP returns its down_proj's output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Identity()
+        self.inner.forward = lambda x: x * 2
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_a_modules_result_that_a_module_inside_it_returned_is_that_results_copy(monkeypatch) -> None:
+    """The same tensor observed as a nested module's result and then as its parent's: one copy (made when the inner
+    call returned, so after the parent began: nothing the parent's call did before could be in it), the values right."""
+    from ulptrace import record
+    from ulptrace.sites import Obs, Site
+
+    made = []
+    real = record._copy
+    monkeypatch.setattr(record, "_copy", lambda t: made.append(real(t)) or made[-1])
+    sites = [Site("outer.inner", "other", None, Obs("outer.inner", "out")), Site("outer", "other", None, Obs("outer", "out"))]
+    model = torch.nn.Sequential()
+    model.outer = _Outer()
+    x = torch.arange(4.0)
+    with Recorder(model, sites=sites) as rec:
+        model(x)
+    inner, outer = rec.trace["outer.inner", 0], rec.trace["outer", 0]
+    assert torch.equal(inner.out, 2 * x) and outer.out is inner.out and len(made) == 1
