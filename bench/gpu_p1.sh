@@ -9,9 +9,10 @@
 # FLUSH="256 4096" adds the onset with its statistics read back every N records (bench_p1_parts.py --flush-every);
 # GRID=1 sweeps ulp_stats' kernel settings (bench_ulp_grid.py; with .prev/ carried, that commit's kernel first);
 # LAUNCH=0 skips bench_launch.py; NATIVE=1 adds bench_native_copy.py; SPY=1 (py-spy installed, e.g. from a carried
-# wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py. PARTS=0 skips bench_p1_parts.py's
-# layers; AB=N times P1's layers (AB_LAYERS, default "hooks onset") in N rounds of two processes, .prev/'s package
-# (an older commit's, carried) and this tree's, one after the other: a before/after on one host within one call.
+# wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py. TRACE=0 skips bench_trace.py;
+# PARTS=0 bench_p1_parts.py's layers; AB=N times P1's layers (AB_LAYERS, default "hooks onset") in N rounds of two
+# processes, .prev/'s package (an older commit's, carried) and this tree's, one after the other: a before/after on one
+# host within one call.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 . bench/package.sh
@@ -28,8 +29,10 @@ fi
 if [ "${LAUNCH:-1}" != 0 ]; then
     python3 bench/bench_launch.py --device cuda --json $OUT/launch.json 2>&1 | tee $OUT/launch.log
 fi
-python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
-    --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
+if [ "${TRACE:-1}" != 0 ]; then
+    python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
+        --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
+fi
 if [ "${PARTS:-1}" != 0 ]; then
     python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} ${FLUSH:+--flush-every $FLUSH} \
         --json $OUT/p1_parts.json 2>&1 | grep -v Warn | tee $OUT/p1_parts.log
