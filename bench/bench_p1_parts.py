@@ -18,7 +18,8 @@ models (issue 11: "where a goal is not reached, say what bounds it — measure i
 
 ``--layers`` times some of them (with ``untraced``, the base); ``--flush-every N ...`` adds the onset with its
 statistics read back every N records (``onset/N``: each read-back waits for the device, so it measures what those
-waits cost). Each is the minimum of ``--repeats`` runs, interleaved; the garbage collector's time in each layer's runs (and how
+waits cost). Each is the minimum of ``--repeats`` runs, interleaved (and, beside it, the median over the rounds of
+each round's ratio to its own untraced run); the garbage collector's time in each layer's runs (and how
 many of its collections were full ones) is reported too. The differences between the layers are what each adds.
 
     python bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import time
 
 import torch
@@ -197,13 +199,17 @@ def main() -> None:
         gc.callbacks.remove(on_gc)
     best = {name: min(t) for name, t in times.items()}
     base = best["untraced"]
+    # each round runs every layer once, the untraced base first: a layer's time over its round's base, the median of
+    # the rounds — robust to a host whose speed drifts over minutes, which the least of all runs is not
+    per_round = {name: statistics.median(t / u for t, u in zip(times[name], times["untraced"])) for name in times}
     out = {"device": args.device, "model": args.model, "torch": torch.__version__, "repeats": args.repeats,
-           "seconds": best, "ratio": {name: t / base for name, t in best.items()}, "all_seconds": times,
+           "seconds": best, "ratio": {name: t / base for name, t in best.items()}, "ratio_per_round": per_round,
+           "all_seconds": times,
            "gc_s": {name: c[0] for name, c in collected.items()},
            "full_collections": {name: c[1] for name, c in collected.items()}}
     for name, t in best.items():
-        print(f"{name:14s} {t:7.3f} s  {t / base:5.2f}x   (garbage collection in {args.repeats} runs: "
-              f"{collected[name][0]:.3f} s, {collected[name][1]} full)", flush=True)
+        print(f"{name:14s} {t:7.3f} s  {t / base:5.2f}x  (median of rounds {per_round[name]:5.2f}x; garbage collection "
+              f"in {args.repeats} runs: {collected[name][0]:.3f} s, {collected[name][1]} full)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
