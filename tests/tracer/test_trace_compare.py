@@ -43,6 +43,25 @@ def test_trace_round_trips_bitwise(reference, tmp_path) -> None:
         reference.save(tmp_path / "t")
 
 
+def test_records_whose_tensors_share_one_storage_are_written_and_read_back_exactly(tmp_path) -> None:
+    """A recorder serves a view inside a copied value by a view of that copy, so two records' tensors can be views of
+    one storage — one the whole of it under another shape (safetensors refuses tensors that share memory): each is
+    written as a tensor of its own and reads back with its own values."""
+    from ulptrace.trace import Record, TraceWriter
+
+    whole = torch.arange(8, dtype=torch.float32).bfloat16()
+    first, second = whole.view(2, 4).unbind(0)
+    reshaped = whole.view(2, 4)  # the whole storage again, another shape
+    writer = TraceWriter(tmp_path / "t")
+    writer.add(Record("a", 0, "other", None, whole))
+    writer.add(Record("b", 0, "other", None, reshaped, {"x": first, "y": second}))
+    writer.close()
+    loaded = load_trace(tmp_path / "t")
+    a, b = loaded["a", 0], loaded["b", 0]
+    assert torch.equal(_bits(a.out), _bits(whole)) and torch.equal(_bits(b.out), _bits(reshaped))
+    assert torch.equal(_bits(b.inputs["x"]), _bits(first)) and torch.equal(_bits(b.inputs["y"]), _bits(second))
+
+
 def test_bad_trace_directories_fail_clearly(reference, tmp_path) -> None:
     path = reference.save(tmp_path / "good")
     with pytest.raises(TraceError, match="not a trace directory"):
