@@ -790,7 +790,7 @@ class Recorder:
         if fresh:
             copy = _copy(value)
         self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
-        if fresh and value.nbytes <= HOLD_BYTES and value.is_contiguous():
+        if fresh and type(value) is torch.Tensor and value.nbytes <= HOLD_BYTES and value.is_contiguous():
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
             self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
                 (weakref.ref(value), value._version, copy, self._serial, outputs))
@@ -808,8 +808,8 @@ class Recorder:
         version counter, which a view shares with its base, unchanged; ``outputs``: copied after the call began):
         the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
         not contiguous is copied as it is (a statistics kernel reads contiguous memory)."""
-        if not self._bases or not value.is_contiguous():
-            return None
+        if not self._bases or type(value) is not torch.Tensor or not value.is_contiguous():
+            return None  # a tensor subclass (a DTensor) may have no storage of its own to look up
         for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
             base, copy = entry[0](), entry[2]
             if base is None or entry[1] != value._version or entry[1] != base._version \

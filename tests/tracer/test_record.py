@@ -493,3 +493,49 @@ def test_a_modules_result_that_a_module_inside_it_returned_is_that_results_copy(
         model(x)
     inner, outer = rec.trace["outer.inner", 0], rec.trace["outer", 0]
     assert torch.equal(inner.out, 2 * x) and outer.out is inner.out and len(made) == 1
+
+
+_DTENSOR_RUN = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+from ulptrace.record import Recorder
+from ulptrace.sites import Obs, Site
+
+mesh = init_device_mesh("cpu", (1,))
+
+class Sharded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Identity(), torch.nn.Identity()
+
+    def forward(self, x):
+        y = self.a(DTensor.from_local(x * 2, mesh, [Shard(0)]))
+        return self.b(y[0])
+
+sites = [Site("a", "other", None, Obs("a", "out")), Site("b", "other", None, Obs("b", "out"), {"x": Obs("b", "in0")})]
+x = torch.arange(8.0).reshape(2, 4)
+with Recorder(Sharded(), sites=sites) as rec:
+    rec.model(x)
+got = rec.trace["b", 0]
+assert torch.equal(got.inputs["x"].full_tensor(), 2 * x[0]) and torch.equal(rec.trace["a", 0].out.full_tensor(), 2 * x)
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_recorder_observing_dtensors_copies_them(tmp_path) -> None:
+    """A tensor-parallel model may hand its hooks DTensors, which have no storage of their own to look a copy up by:
+    the recorder copies them as they are (a view of one is not served from a copy)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", _DTENSOR_RUN], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PORT": str(port)})
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
