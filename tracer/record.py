@@ -187,6 +187,12 @@ def _arg(args: tuple, kwargs: dict, index: int) -> torch.Tensor | None:
     return named[rest] if 0 <= rest < len(named) else None
 
 
+def _plain(t: torch.Tensor) -> bool:
+    """A dense tensor of torch's own type: its size in bytes and its storage can be asked (a DTensor's storage cannot,
+    a sparse tensor has no ``nbytes``) — what the recorder's reuse of copies and its uncopied large values need."""
+    return type(t) is torch.Tensor and t.layout is torch.strided
+
+
 def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -746,7 +752,7 @@ class Recorder:
                 continue
             if type(value) is _Owned:
                 buffer[key] = value.copy
-            elif live_bytes is not None and value.nbytes >= live_bytes:  # the sink reads it in add (Sink.live_bytes)
+            elif live_bytes is not None and _plain(value) and value.nbytes >= live_bytes:  # read in add (Sink.live_bytes)
                 buffer[key] = value
                 live.append((key, value))
             else:
@@ -790,7 +796,7 @@ class Recorder:
         if fresh:
             copy = _copy(value)
         self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
-        if fresh and type(value) is torch.Tensor and value.nbytes <= HOLD_BYTES and value.is_contiguous():
+        if fresh and _plain(value) and value.nbytes <= HOLD_BYTES and value.is_contiguous():
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
             self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
                 (weakref.ref(value), value._version, copy, self._serial, outputs))
@@ -808,8 +814,8 @@ class Recorder:
         version counter, which a view shares with its base, unchanged; ``outputs``: copied after the call began):
         the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
         not contiguous is copied as it is (a statistics kernel reads contiguous memory)."""
-        if not self._bases or type(value) is not torch.Tensor or not value.is_contiguous():
-            return None  # a tensor subclass (a DTensor) may have no storage of its own to look up
+        if not self._bases or not _plain(value) or not value.is_contiguous():
+            return None
         for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
             base, copy = entry[0](), entry[2]
             if base is None or entry[1] != value._version or entry[1] != base._version \

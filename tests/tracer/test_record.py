@@ -539,3 +539,37 @@ def test_a_recorder_observing_dtensors_copies_them(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", _DTENSOR_RUN], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PORT": str(port)})
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_sparse_value_is_recorded_as_a_copy(live) -> None:
+    """A sparse tensor has no size in bytes to weigh and no storage to look a copy up by: it is copied as it is,
+    with a plain sink and with one that takes large values uncopied (``Sink.live_bytes``)."""
+    from ulptrace.sites import Obs, Site
+
+    class Sparse(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Identity(), torch.nn.Identity()
+
+        def forward(self, x):
+            return self.b(self.a(x.to_sparse()))
+
+    class Live:
+        live_bytes = 1  # every dense value would go uncopied
+
+        def __init__(self) -> None:
+            self.records = []
+
+        def add(self, record) -> None:
+            self.records.append(record)
+
+    sink = Live() if live else None
+    sites = [Site("a", "other", None, Obs("a", "out")), Site("b", "other", None, Obs("b", "out"), {"x": Obs("b", "in0")})]
+    x = torch.eye(3)
+    with Recorder(Sparse(), sites=sites, sink=sink) as rec:
+        rec.model(x)
+    records = sink.records if live else list(rec.trace)
+    assert [r.site for r in records] == ["a", "b"]
+    assert all(torch.equal(r.out.to_dense(), x) for r in records)
+    assert torch.equal(records[1].inputs["x"].to_dense(), x)
