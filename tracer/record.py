@@ -193,6 +193,12 @@ def _plain(t: torch.Tensor) -> bool:
     return type(t) is torch.Tensor and t.layout is torch.strided
 
 
+def _bare_memory(t: torch.Tensor) -> bool:
+    """``t``'s values are its memory read in order: contiguous, no lazy conjugation or negation (a ``conj()`` view
+    shares its base's memory but not its values), so a view of a copy of that memory holds them."""
+    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+
+
 def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None:
         return None
@@ -796,7 +802,7 @@ class Recorder:
         if fresh:
             copy = _copy(value)
         self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
-        if fresh and _plain(value) and value.nbytes <= HOLD_BYTES and value.is_contiguous():
+        if fresh and _plain(value) and value.nbytes <= HOLD_BYTES and _bare_memory(value):
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
             self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
                 (weakref.ref(value), value._version, copy, self._serial, outputs))
@@ -813,8 +819,8 @@ class Recorder:
         splits a projection into query, key and value and reshapes them), under the rules of ``_copy_once`` (the
         version counter, which a view shares with its base, unchanged; ``outputs``: copied after the call began):
         the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
-        not contiguous is copied as it is (a statistics kernel reads contiguous memory)."""
-        if not self._bases or not _plain(value) or not value.is_contiguous():
+        not contiguous, or conjugated or negated lazily (``_bare_memory``), is copied as it is."""
+        if not self._bases or not _plain(value) or not _bare_memory(value):
             return None
         for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
             base, copy = entry[0](), entry[2]

@@ -573,3 +573,23 @@ def test_a_sparse_value_is_recorded_as_a_copy(live) -> None:
     assert [r.site for r in records] == ["a", "b"]
     assert all(torch.equal(r.out.to_dense(), x) for r in records)
     assert torch.equal(records[1].inputs["x"].to_dense(), x)
+
+
+def test_a_lazily_conjugated_view_is_not_served_from_its_bases_copy() -> None:
+    """``conj()`` of a complex tensor is a view of the same memory with other values (a conjugate bit): the recorder
+    copies it with its own values, never serves it as a view of its base's copy."""
+    from ulptrace.sites import Obs, Site
+
+    class Conj(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Identity(), torch.nn.Identity()
+
+        def forward(self, x):
+            return self.b(self.a(x * 1).conj())
+
+    sites = [Site("a", "other", None, Obs("a", "out")), Site("b", "other", None, Obs("b", "in0"))]
+    x = torch.tensor([1 + 2j, 3 - 1j])
+    with Recorder(Conj(), sites=sites) as rec:
+        rec.model(x)
+    assert torch.equal(rec.trace["a", 0].out, x) and torch.equal(rec.trace["b", 0].out, x.conj())
