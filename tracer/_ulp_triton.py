@@ -105,7 +105,7 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
     _kernel[(programs,)](a, b, counts, maximum, n, MAG=fmt.magnitude_mask, LIMIT=fmt.nan_above, WIDE=wide,
                          BLOCK=BLOCK, FIELD=FIELD_BITS, num_warps=WARPS)
     host = result.tolist()
-    padding = -(-n // BLOCK) * BLOCK - n  # the last block's lanes past n, counted as bucket 0
+    padding = triton.cdiv(n, BLOCK) * BLOCK - n  # the last block's lanes past n, counted as bucket 0
     return [host[0] - padding, *host[1:BUCKETS]], host[BUCKETS]
 
 

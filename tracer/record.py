@@ -386,9 +386,9 @@ class Recorder:
         # id(observed) -> (it, its version, its copy, the observing call's serial, the module whose call left it when
         # it was observed as one's result, else None), the first and third weakly
         self._copies: dict[int, tuple[Any, int, Any, int, str | None]] = {}
-        # storage -> small contiguous observed tensors in it, each as in _copies but its copy held to the step's end
-        # (HOLD_BYTES); a later view inside one is served by a view of its copy
-        self._bases: dict[int, list[tuple[Any, int, torch.Tensor, int, str | None]]] = {}
+        # storage -> (the _copies entry, its copy) of small contiguous observed tensors in it, the copy held to the
+        # step's end (HOLD_BYTES); a later view inside one is served by a view of its copy
+        self._bases: dict[int, list[tuple[tuple[Any, int, Any, int, str | None], torch.Tensor]]] = {}
         self._serial = 0  # counts _observe calls
         self._calls: dict[str, int] = defaultdict(int)
         self._gdn_stack: list[str] = []
@@ -797,33 +797,34 @@ class Recorder:
             copy = entry[2]()
             if copy is not None:
                 return copy
-        copy = self._view_of_copy(value, outputs)
+        # the storage an earlier copy is looked up (and this one kept) by: only where the values are that memory in
+        # order (_bare_memory) and the tensor has a storage to ask (_plain)
+        storage = value.untyped_storage().data_ptr() if _plain(value) and _bare_memory(value) else None
+        copy = None if storage is None else self._view_of_copy(value, storage, outputs)
         fresh = copy is None
         if fresh:
             copy = _copy(value)
-        self._copies[id(value)] = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
-        if fresh and _plain(value) and value.nbytes <= HOLD_BYTES and _bare_memory(value):
+        entry = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
+        self._copies[id(value)] = entry
+        if fresh and storage is not None and value.nbytes <= HOLD_BYTES:
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
-            self._bases.setdefault(value.untyped_storage().data_ptr(), []).append(
-                (weakref.ref(value), value._version, copy, self._serial, outputs))
+            self._bases.setdefault(storage, []).append((entry, copy))
         return copy
 
     def _after_call(self, entry: tuple, path: str) -> bool:
         """Whether the copy of ``entry`` may stand for a result of module ``path``'s call (``_copy_once``): made in
         this observation, or when a module inside it returned."""
-        return entry[3] == self._serial or (entry[4] is not None and entry[4].startswith(path)
-                                            and entry[4][len(path):len(path) + 1] == ".")
+        return entry[3] == self._serial or (entry[4] is not None and entry[4].startswith(path + "."))
 
-    def _view_of_copy(self, value: torch.Tensor, outputs: str | None) -> torch.Tensor | None:
-        """A contiguous ``value`` that lies inside a contiguous tensor copied earlier in this step (a view of it: HF
-        splits a projection into query, key and value and reshapes them), under the rules of ``_copy_once`` (the
-        version counter, which a view shares with its base, unchanged; ``outputs``: copied after the call began):
-        the same view of that copy, since the copy holds the bytes the view reads — no second copy. A view that is
-        not contiguous, or conjugated or negated lazily (``_bare_memory``), is copied as it is."""
-        if not self._bases or not _plain(value) or not _bare_memory(value):
-            return None
-        for entry in reversed(self._bases.get(value.untyped_storage().data_ptr(), ())):  # the latest first
-            base, copy = entry[0](), entry[2]
+    def _view_of_copy(self, value: torch.Tensor, storage: int, outputs: str | None) -> torch.Tensor | None:
+        """A contiguous ``value`` (in the storage that begins at ``storage``) that lies inside a contiguous tensor copied
+        earlier in this step (a view of it: HF splits a projection into query, key and value and reshapes them),
+        under the rules of ``_copy_once`` (the version counter, which a view shares with its base, unchanged;
+        ``outputs``: copied after the call began): the same view of that copy, since the copy holds the bytes the
+        view reads — no second copy. A view that is not contiguous, or conjugated or negated lazily
+        (``_bare_memory``), is copied as it is (the caller does not ask)."""
+        for entry, copy in reversed(self._bases.get(storage, ())):  # the latest first
+            base = entry[0]()
             if base is None or entry[1] != value._version or entry[1] != base._version \
                     or base.dtype != value.dtype or (outputs is not None and not self._after_call(entry, outputs)):
                 continue

@@ -237,7 +237,7 @@ class TraceWriter:
             own = _own_storage(v)
             where = own.untyped_storage().data_ptr()
             # two views of one copy (a recorder serves a view of a value it copied by a view of that copy)
-            tensors[k] = own.clone() if where in storages and own.device.type == "cpu" and own.nbytes else own
+            tensors[k] = own.clone() if where in storages and own.nbytes else own  # own: host memory
             storages.add(where)
         events = []
         for device in devices:
