@@ -4,8 +4,11 @@ through ctypes.
 The torch path of ``ulptrace.ulp.record_stats`` makes a dozen elementwise passes over a record per statistic;
 on a CPU that is most of what tracing costs. This reads both bit-pattern arrays once and produces the same
 buffer as the CUDA kernel (``ulptrace._ulp_triton.RECORD_LAYOUT``), equal to the reference definitions
-(tested). It needs a C compiler (``cc``, or ``$CC``); the shared library is cached under
-``~/.cache/ulptrace`` (or ``$ULPTRACE_CACHE``) by a hash of the source. Where it cannot be built, :func:`library`
+(tested). It needs a C compiler (``cc``, or ``$CC``). It is built for the machine it runs on
+(``-march=native``, where the compiler takes it: the vectorized loops need more than the baseline instruction set to
+be faster; ``-fno-trapping-math`` lets their selects vectorize) and cached under ``~/.cache/ulptrace`` (or
+``$ULPTRACE_CACHE``) by a hash of the source, the flags and the processor (``_processor``), so a cache shared
+between machines never hands one a library built for another's instructions. Where it cannot be built, :func:`library`
 is None, :func:`unavailable_reason` says why, and the torch path serves (same results, slower).
 
 A large pair (:data:`PARALLEL_ELEMENTS` or more) is split into contiguous parts — whole rows, or any elements
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -31,6 +35,8 @@ PARALLEL_ELEMENTS = 1 << 16
 """Pairs of at least this many elements are split over threads (smaller ones cost less than a thread hand-off).
 Measured on 2 shared cores with the record pairs of a tiny-qwen3.5 onset (8 x 128, 16 steps): its 159 pairs of 64K
 elements or more took 0.139 s split, 0.163 s whole."""
+BASE_FLAGS = ("-O3", "-fno-trapping-math", "-shared", "-fPIC")
+NATIVE_FLAGS = (("-march=native",), ("-mcpu=native",), ())  # tried in order: x86 and most compilers, some ARM ones, none
 _state: dict[str, Any] = {}
 _FUNCTIONS = {1: "ulptrace_stats_8", 2: "ulptrace_stats_16", 4: "ulptrace_stats_32"}
 
@@ -40,19 +46,35 @@ def _cache() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "ulptrace"
 
 
+def _processor() -> str:
+    """What a library built with ``-march=native`` depends on: the architecture and, where the system says (Linux's
+    ``/proc/cpuinfo``), the processor's model and instruction-set flags."""
+    described = {platform.machine()}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            described |= {line.strip() for line in info if line.startswith(("model name", "flags", "Features", "CPU part"))}
+    except OSError:
+        pass
+    return "\n".join(sorted(described))
+
+
 def _build() -> ctypes.CDLL:
     source = SOURCE.read_bytes()
-    target = _cache() / f"ulp_cpu_{hashlib.sha1(source).hexdigest()[:12]}.so"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler found (cc, gcc or $CC)")
+    key = hashlib.sha1(source + repr((compiler, BASE_FLAGS, NATIVE_FLAGS)).encode() + _processor().encode())
+    target = _cache() / f"ulp_cpu_{key.hexdigest()[:12]}.so"
     if not target.exists():
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
-            raise OSError("no C compiler found (cc, gcc or $CC)")
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # built aside, renamed into place (atomic)
             built = Path(tmp) / target.name
-            done = subprocess.run([compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(SOURCE), "-lm"],
-                                  capture_output=True, text=True, check=False)
-            if done.returncode != 0:
+            for native in NATIVE_FLAGS:  # the first this compiler takes
+                done = subprocess.run([compiler, *BASE_FLAGS, *native, "-o", str(built), str(SOURCE), "-lm"],
+                                      capture_output=True, text=True, check=False)
+                if done.returncode == 0:
+                    break
+            else:
                 raise OSError(f"{compiler} failed: {done.stderr.strip()[:500]}")
             os.replace(built, target)
     lib = ctypes.CDLL(str(target))

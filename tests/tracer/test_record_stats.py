@@ -85,6 +85,27 @@ def test_record_stats_equal_the_reference_definitions(dtype, cpu_path) -> None:
         assert tuple(rows_off)[:4] == _expected(a, b)[:4], (dtype, name, cpu_path)
 
 
+@pytest.mark.parametrize("shape", [(37, 7), (24, 32), (9, 256), (3, 513), (1, 1000), (700,), (5, 1)], ids=str)
+def test_record_stats_across_blocks_and_row_buffers(shape, cpu_path) -> None:
+    """The compiled pass takes elements in blocks of 256 and buffers short rows' distances to 256 before counting them
+    (``_ulp_cpu.c``): rows that end inside a block, fill it exactly, or span several; equal and differing blocks mixed;
+    special values anywhere — against the definitions, every format."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    for dtype, fmt in FORMATS.items():
+        a = torch.randn(shape, generator=gen).mul(3).to(dtype)
+        moved = a.float() * (1 + 2.0 ** -fmt.mantissa_bits * torch.randint(-40, 41, shape, generator=gen))
+        b = torch.where(torch.rand(shape, generator=gen) < 0.5, moved.to(dtype), a)
+        flat_a, flat_b = a.view(-1), b.view(-1)
+        flat_b[: flat_b.numel() // 3] = flat_a[: flat_a.numel() // 3]  # leading blocks bitwise equal
+        specials = [float("nan"), 0.0, -0.0, fmt.min_subnormal] + ([] if dtype == torch.float8_e4m3fn else
+                                                                   [float("inf"), float("-inf")])
+        where = torch.randint(0, a.numel(), (12,), generator=gen)
+        for k, i in enumerate(where.tolist()):
+            (flat_a if k % 2 else flat_b)[i] = specials[k % len(specials)]
+        assert tuple(record_stats(a, b)) == _expected(a, b), (dtype, shape, cpu_path)
+        assert tuple(record_stats(a, a.clone())) == _expected(a, a.clone()), (dtype, shape, cpu_path)
+
+
 def test_hand_derived_row_distances(cpu_path) -> None:
     # a row [4.0, 1.0]: magnitude 4.0, its BF16 ULP 2**-5; 1.0 -> 1.0078125 (0x3F81) moved 2**-7 = 1/4 row ULP;
     # 4.0 -> 4.0625 (0x4082) moved 2**-4 = 2 row ULPs (and 2 of its own ULPs)
