@@ -19,6 +19,7 @@ the GIL during the call) and merged exactly: counts add, maxima are maxima.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -116,17 +117,19 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     n_rows = a.numel() // max(n_cols, 1)
     function = getattr(lib, _FUNCTIONS[a.element_size()])
     size = a.element_size()
+    constants = _constants(fmt)
+    threads = min(torch.get_num_threads(), 8)
+    if a.numel() < PARALLEL_ELEMENTS or threads < 2 or (rows and n_rows < threads):
+        # most records: one call into a ctypes array (a torch tensor and its tolist cost more than the pass itself)
+        slots = (ctypes.c_int64 * 32)()
+        function(a.data_ptr(), b.data_ptr(), n_rows, n_cols, *constants, int(rows), slots)
+        return list(slots)
 
     def part(first: int, count: int, length: int, out: torch.Tensor) -> None:
         """``count`` rows of ``length`` elements from element ``first``."""
-        function(a.data_ptr() + first * size, b.data_ptr() + first * size, count, length, fmt.magnitude_mask,
-                 fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias, int(rows), out.data_ptr())
+        function(a.data_ptr() + first * size, b.data_ptr() + first * size, count, length, *constants, int(rows),
+                 out.data_ptr())
 
-    threads = min(torch.get_num_threads(), 8)
-    if a.numel() < PARALLEL_ELEMENTS or threads < 2 or (rows and n_rows < threads):
-        out = torch.zeros(32, dtype=torch.int64)
-        part(0, n_rows, n_cols, out)
-        return out.tolist()
     if rows:  # whole rows per thread: a row's statistics need all of it
         cuts = [n_rows * k // threads * n_cols for k in range(threads + 1)]
         parts = [(cuts[k], (cuts[k + 1] - cuts[k]) // n_cols, n_cols) for k in range(threads)]
@@ -143,6 +146,12 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     merged[20] = outs[:, 20].max()  # the largest finite distance
     merged[30] = outs[:, 30].max()  # the largest row distance: non-negative doubles order like their bit patterns
     return merged.tolist()
+
+
+@functools.cache
+def _constants(fmt: Any) -> tuple[int, int, int, int, int]:
+    """The format's constants the C function takes (properties of ``fmt``, computed once per format)."""
+    return fmt.magnitude_mask, fmt.max_finite_bits, fmt.nan_above, fmt.mantissa_bits, fmt.bias
 
 
 def _pool(workers: int) -> Any:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import torch
+from ulptrace import _ulp_cpu
 
 __all__ = [
     "FORMATS",
@@ -677,8 +678,9 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
     n = a.numel()
     fmt = format_of(a.dtype)
     limit = fmt.nan_above
-    if a.device.type == "cpu" and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
-        c = _cpu_stats()(ba, bb, fmt, rows=False)
+    compiled = _cpu_stats() if a.device.type == "cpu" else None
+    if compiled is not None:  # one compiled pass (ulptrace._ulp_cpu)
+        c = compiled(ba, bb, fmt, rows=False)
         return UlpStats(n - c[0], c[20], _buckets(c[0:19]))
     if a.is_cuda and _triton_stats() is not None:
         counts, top = _triton_stats()(ba, bb, fmt)  # one fused pass: the buckets' counts
@@ -711,8 +713,6 @@ def _buckets(c: list[int]) -> dict[str, int]:
 def _cpu_stats() -> Any:
     """The compiled one-pass CPU statistics (``ulptrace._ulp_cpu.stats``), or None where they cannot be built
     (no C compiler: the torch path serves, with the same results)."""
-    from ulptrace import _ulp_cpu
-
     return _ulp_cpu.stats if _ulp_cpu.library() is not None else None
 
 
@@ -866,8 +866,9 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
         single.launch()
         return pending
     ba, bb = bits(a), bits(b)
-    if a.device.type == "cpu" and n > 0 and _cpu_stats() is not None:  # one compiled pass (ulptrace._ulp_cpu)
-        return PendingStats(_from_slots(_cpu_stats()(ba, bb, fmt, rows=rows), n, rows))
+    compiled = _cpu_stats() if a.device.type == "cpu" and n > 0 else None
+    if compiled is not None:  # one compiled pass (ulptrace._ulp_cpu)
+        return PendingStats(_from_slots(compiled(ba, bb, fmt, rows=rows), n, rows))
     if torch.equal(ba, bb):
         row_hist = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
         row_hist["0"] = n
