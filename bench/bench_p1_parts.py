@@ -95,7 +95,7 @@ def main() -> None:
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
     built = build_pair(cfg)
     ref, cand, prompts = built
-    onset.build_pair = lambda c: built  # every layer runs on the same two models
+    onset.build_pair = lambda c, **kw: built  # every layer runs on the same two models
 
     def untraced() -> None:
         with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):

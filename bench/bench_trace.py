@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-VOLATILE = ("versions", "device", "path_info", "observation")
+VOLATILE = ("versions", "device", "path_info", "observation", "reference_process")
 GOALS = ("P1", "P2", "P3", "P5")
 
 
@@ -84,23 +84,29 @@ def untraced_pair(cfg, repeats: int = 3) -> float:
     return min(run() for _ in range(repeats))
 
 
-def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int]:
-    """(seconds of run_onset less its two model builds, peak allocated bytes on CUDA or 0).
+def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int, dict]:
+    """(seconds of run_onset less its two model builds, peak allocated bytes on CUDA or 0, about a concurrent run).
 
     The builds are timed where run_onset makes them (its ``build_pair``, wrapped here, the device synchronised
     after it), not estimated from other builds: drawing the weights takes longer than the run itself and varies
-    by seconds from build to build."""
+    by seconds from build to build. ``cfg.concurrent`` (the reference in a process of its own, built there while
+    this process builds the candidate): the run is timed from when both sides were ready (the later of the two
+    builds' ends; ``time.perf_counter`` is one clock for all processes on Linux) to its end; the third value says
+    how long this process waited for the other beyond its own build (its start-up: imports and build), the other's
+    peak GPU memory, and the peak is both processes' peaks summed (an upper bound of what they held at once)."""
     import ulptrace.probes.onset as onset_module
 
     run_onset = onset_module.run_onset
     build_pair = onset_module.build_pair
     builds: list[float] = []
+    built_at: list[float] = []
 
-    def timed_build_pair(c):
+    def timed_build_pair(c, **kw):
         t = time.perf_counter()
-        built = build_pair(c)
+        built = build_pair(c, **kw)
         _sync(cfg.device)
-        builds.append(time.perf_counter() - t)
+        built_at.append(time.perf_counter())
+        builds.append(built_at[-1] - t)
         return built
 
     if cfg.device.startswith("cuda"):
@@ -116,11 +122,19 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         t0 = time.perf_counter()
         comparison, info = run_onset(cfg)
         _sync(cfg.device)
-        seconds = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        seconds = t1 - t0
     finally:
         onset_module.build_pair = build_pair
     build = sum(builds)
     seconds -= build
+    concurrent: dict = {}
+    process = info.get("reference_process")
+    if process is not None:
+        ready = max(built_at[-1], process["built_at"])
+        seconds = t1 - ready
+        concurrent = {"waited_for_reference_s": max(0.0, process["built_at"] - built_at[-1]),
+                      "reference_peak_bytes": process["peak_gpu_bytes"] or 0}
     if prof is not None:
         import io
         import pstats
@@ -130,11 +144,12 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
         Path(profile).write_text(f"run_onset {seconds:.2f} s less builds {build:.2f} s\n" + text.getvalue())
     peak = torch.cuda.max_memory_allocated() if cfg.device.startswith("cuda") else 0
+    peak += concurrent.get("reference_peak_bytes", 0)
     if reports is not None:
         data = comparison.to_json()
         data["run"] = {k: v for k, v in info.items() if "tokens" in k or k == "first_token_flip"}
         (reports / f"{name}.json").write_text(json.dumps(_clean(data), indent=1, sort_keys=True))
-    return seconds, peak
+    return seconds, peak, concurrent
 
 
 def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
@@ -209,6 +224,9 @@ def main() -> None:
                    help=f"the goals to measure (default all: {' '.join(GOALS)}); P5 reads P1's traced run")
     p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
                    help="where the traced onsets keep the reference's records (onset's --reference-memory)")
+    p.add_argument("--concurrent", action="store_true",
+                   help="the traced onsets record the reference in a process of its own while the candidate runs "
+                        "(onset's --concurrent); the untraced base still runs the pair one after the other")
     args = p.parse_args()
     check_workload(p, args)
     if args.warm_repeats < 1:
@@ -219,11 +237,11 @@ def main() -> None:
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
-                              "reference_memory": args.reference_memory,
+                              "reference_memory": args.reference_memory, "concurrent": args.concurrent,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
-            "reference_memory": args.reference_memory}
+            "reference_memory": args.reference_memory, "concurrent": args.concurrent}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
     cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
@@ -238,13 +256,15 @@ def main() -> None:
     if goals & {"P1", "P5"}:
         untraced_pair(cfg, repeats=1)  # the process warmed up as the traced run will find it (models freed after)
         gc.collect()
-        seconds, peak = traced(cfg, args.reports, "P1-no-oracle")  # the first traced run: cold, P5's peak
+        seconds, peak, process = traced(cfg, args.reports, "P1-no-oracle")  # the first traced run: cold, P5's peak
     if "P1" in goals:
         run_untraced = untraced_runner(cfg)  # built after the cold run, so that its models are not in P5's peak
         pair_all = [run_untraced() for _ in range(2)]
-        warm_all = []
+        warm_all, waits = [], []
         for _ in range(args.warm_repeats):  # interleaved with untraced runs: both sides see the host's same moods
-            warm_all.append(traced(cfg, None, "P1-warm")[0])
+            warm_s, _, warm_process = traced(cfg, None, "P1-warm")
+            warm_all.append(warm_s)
+            waits.append(warm_process.get("waited_for_reference_s"))
             pair_all.append(run_untraced())
         warm, pair = min(warm_all), min(pair_all)
         # each warm run over the untraced run right after it, the median: robust to a host whose speed drifts over the
@@ -255,11 +275,15 @@ def main() -> None:
             traced(cfg, None, "P1-profiled", args.profile)
         out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
                      "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_ratio_paired": paired,
-                     "warm_onset_all_s": warm_all, "untraced_pair_all_s": pair_all}
+                     "warm_onset_all_s": warm_all, "untraced_pair_all_s": pair_all,
+                     "waited_for_reference_s": [process.get("waited_for_reference_s"), *waits]}
         print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
               f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved; median of each warm run "
-              f"over the untraced run after it {paired:.2f}x)",
+              f"over the untraced run after it {paired:.2f}x)" + (
+                  "" if not args.concurrent else f"; concurrent: timed from when both sides were ready, this process "
+                  f"waited {process['waited_for_reference_s']:.2f} s (cold) / "
+                  f"{max(waits):.2f} s (warm, at most) for the reference's beyond its own build"),
               flush=True)
     if "P2" in goals:
         st = stats_bandwidth(args.device, args.stats_mib)
@@ -268,7 +292,7 @@ def main() -> None:
               f"{st['copy_GBps']:.1f} GB/s = {100 * st['share_of_copy']:.1f}% of copy", flush=True)
     if "P3" in goals:
         pair3 = untraced_pair(cfg3)
-        seconds3, _ = traced(cfg3, args.reports, "P3-oracle")
+        seconds3 = traced(cfg3, args.reports, "P3-oracle")[0]
         out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}
         print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps: {seconds3:.2f} s vs "
               f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x", flush=True)
@@ -279,7 +303,8 @@ def main() -> None:
         untraced_peak = torch.cuda.max_memory_allocated()
         out["P5"] = {"untraced_peak_bytes": untraced_peak, "onset_peak_bytes": peak,
                      "ratio": peak / untraced_peak}
-        print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference {args.reference_memory}): onset "
+        print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference "
+              f"{'in its own process (both peaks summed)' if args.concurrent else args.reference_memory}): onset "
               f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x "
               f"(onset {seconds:.2f} s" + ("" if pair is None else f" vs untraced pair {pair:.2f} s") + ")", flush=True)
     if args.json:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
+from ulptrace.concurrent import ReferenceProcess
 from ulptrace.paths import apply_path
 from ulptrace.progress import Progress
 from ulptrace.record import MemorySink, Recorder, recording_collector
@@ -26,6 +27,7 @@ from ulptrace.run import (
     RunConfig,
     build_pair,
     check_observation,
+    check_run,
     first_flip,
     greedy,
     run_metadata,
@@ -52,6 +54,12 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
 @recording_collector()  # both recorders and what is made between them
 def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
                ) -> tuple[Comparison, dict[str, Any]]:
+    if cfg.concurrent:
+        if reference_dir is not None:
+            raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
+                             f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
+                             "drop one of them")
+        return _run_concurrent(cfg, say, bar)
     ref_model, cand_model, prompts = build_pair(cfg)
     steps = parse_range(cfg.steps)
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
@@ -118,12 +126,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                 say("re-running the candidate untraced (observation check)")
                 cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,
                                                   mode=cfg.candidate_mode, cache_len=cfg.cache_len)
-                ref_observed = info["observation"]
-                info["observation"] = {
-                    **ref_observed, "candidate": cand_observed,
-                    "bitwise_equal": ref_observed["bitwise_equal"] and cand_observed["bitwise_equal"],
-                    "differing_steps": sorted(set(ref_observed["differing_steps"]) | set(cand_observed["differing_steps"])),
-                    "what": "final-position logits of a traced vs an untraced run of each side, every step"}
+                info["observation"] = _both_observed(info["observation"], cand_observed)
             sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
     comparison.observation = info.get("observation")
@@ -131,6 +134,68 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     info["candidate_tokens"] = cand_tokens.tolist()
     info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
     return comparison, info
+
+
+def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -> tuple[Comparison, dict[str, Any]]:
+    """``_run_onset`` with the reference recorded in a process of its own while the candidate runs
+    (``ulptrace.concurrent``): the same records compared the same way, the candidate fed the reference's tokens as
+    they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
+    other builds the reference."""
+    check_run(cfg)  # before a process is started
+    info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
+                            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
+    with ExitStack() as stack:
+        remote = stack.enter_context(ReferenceProcess(cfg))
+        say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} in a process of its own "
+            f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
+        ref_model, cand_model, prompts = build_pair(cfg, reference=cfg.oracle)
+        judge = None
+        if cfg.oracle:  # the reference's modules define the semantics to judge by, as in _run_onset
+            from ulptrace.verdicts import OracleJudge
+
+            stack.enter_context(apply_path(ref_model, cfg.reference))
+            judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
+        with apply_path(cand_model, cfg.candidate) as cand_applied:
+            say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
+            sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True)
+            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
+            final_cand: dict[int, torch.Tensor] = {}
+            cand_sites = selected_sites(cand_model, cfg)
+            bar.start(f"candidate {cfg.candidate}, compared as both run", cfg.new_tokens, len(cand_sites))
+
+            def cand_step(s: int, logits: torch.Tensor) -> None:
+                final_cand[s] = logits.clone()
+                bar.step(s + 1)
+
+            with Recorder(cand_model, sites=cand_sites, steps=parse_range(cfg.steps), sink=sink,
+                          path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
+                cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=remote.trace.forced_token,
+                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len, on_logits=cand_step)
+            bar.close()
+            ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
+            sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
+            if cfg.check_observation:
+                say("re-running the candidate untraced (observation check)")
+                cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,
+                                                  mode=cfg.candidate_mode, cache_len=cfg.cache_len)
+                info["observation"] = _both_observed(ref_observed, cand_observed)
+            sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
+            comparison = sink.finish()
+            del sink, crec  # what held the reference's records goes before its process may free their memory
+    comparison.observation = info.get("observation")
+    info["reference_tokens"] = ref_tokens.tolist()
+    info["candidate_tokens"] = cand_tokens.tolist()
+    info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
+    info["reference_process"] = process
+    return comparison, info
+
+
+def _both_observed(ref_observed: dict[str, Any], cand_observed: dict[str, Any]) -> dict[str, Any]:
+    """The observation checks of both sides as one (``check_observation``'s result for each)."""
+    return {**ref_observed, "candidate": cand_observed,
+            "bitwise_equal": ref_observed["bitwise_equal"] and cand_observed["bitwise_equal"],
+            "differing_steps": sorted(set(ref_observed["differing_steps"]) | set(cand_observed["differing_steps"])),
+            "what": "final-position logits of a traced vs an untraced run of each side, every step"}
 
 
 @recording_collector()  # every recorder of the run and what is made between them

@@ -367,7 +367,10 @@ def cmd_onset(args: argparse.Namespace) -> int:
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
-                  max_ulp=args.max_ulp, reference_memory=args.reference_memory)
+                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=args.concurrent)
+    if args.tp is not None and args.concurrent:
+        raise ValueError("--concurrent runs the reference in a second process beside this one, but --tp "
+                         f"{args.tp} runs one process per rank already: drop one of them")
     if args.tp is not None:  # one process per rank under torchrun; rank 0 reports
         from ulptrace.probes.tp_onset import run_onset_tp
 
@@ -673,6 +676,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
                         "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
                         "within half of it, host memory after; CPU runs: in place)")
+    p.add_argument("--concurrent", action="store_true",
+                   help="record the reference in a process of its own while the candidate runs (its records streamed "
+                        "step by step, the candidate fed its tokens as they come): on a GPU about half the wall time; "
+                        "the same report. On a CPU the two processes share its cores")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="the candidate is the model sharded over N processes with transformers' tensor-parallel "

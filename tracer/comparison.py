@@ -560,7 +560,9 @@ class StreamingComparator:
         self.reference = reference
         self.judge = judge
         self.release = release and hasattr(reference, "pop")  # free each reference record once compared
-        self._keys = list(reference.keys()) if self.release else None
+        # a reference that streams in (ulptrace.concurrent.RemoteTrace) knows its keys once it has finished
+        self._keys = list(reference.keys()) if self.release and not getattr(reference, "streaming", False) \
+            else None
         self.result = Comparison(reference=dict(getattr(reference, "metadata", {})), max_ulp=max_ulp,
                                  candidate=dict(metadata or {}))
         self._seen: set[tuple[str, int]] = set()

@@ -72,6 +72,7 @@ class RunConfig:
     check_reference: bool = False  # also judge the reference against its own semantics
     max_ulp: int = 0
     reference_memory: str = "auto"  # where onset keeps the reference's records: device, host or auto
+    concurrent: bool = False  # onset: the reference runs in a process of its own while the candidate runs
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -558,20 +559,22 @@ def step_from(model: Any, mode: str, prompts: torch.Tensor, state: DecodeState, 
 
 
 @torch.no_grad()
-def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.Tensor | None = None,
+def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int,
+           forced: torch.Tensor | Callable[[int], torch.Tensor] | None = None,
            on_logits: Callable[[int, torch.Tensor], None] | None = None, *, mode: str = "eager",
            cache_len: int | None = None, session: Session | None = None) -> torch.Tensor:
     """Greedy decoding, EOS disabled: one prefill forward then ``new_tokens - 1`` decode forwards.
 
     Returns the model's own argmax choice at every step ``[batch, new_tokens]``. With ``forced``
     (``[batch, >= new_tokens - 1]``), the *forced* token is fed back instead, so two paths see the
-    same inputs at every step. ``mode`` picks the cache and graph mode (``MODES``); ``cache_len``
+    same inputs at every step; a function of the step (``[batch, 1]``: the token to feed after that step) serves
+    tokens that arrive as the run goes (``ulptrace.concurrent``). ``mode`` picks the cache and graph mode (``MODES``); ``cache_len``
     sizes a static cache (default: prompt + new tokens); pass a ``session`` to keep the decoding
     state afterwards.
     """
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1 (1 = the prefill only), but got {new_tokens}")
-    if forced is not None and forced.shape[-1] < new_tokens - 1:
+    if isinstance(forced, torch.Tensor) and forced.shape[-1] < new_tokens - 1:
         raise ValueError(f"forced tokens must cover {new_tokens - 1} decode steps, but got {forced.shape[-1]}")
     if session is None:
         session = Session(model, mode, max_len=cache_len or input_ids.shape[1] + new_tokens)
@@ -582,7 +585,10 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int, forced: torch.T
             on_logits(step, logits)
         token = logits.argmax(-1, keepdim=True)
         chosen.append(token)
-        feed = forced[:, step : step + 1].to(token.device) if forced is not None and step + 1 < new_tokens else token
+        if forced is None or step + 1 == new_tokens:
+            feed = token
+        else:
+            feed = (forced(step) if callable(forced) else forced[:, step : step + 1]).to(token.device)
         session.tokens = feed
         if step + 1 == new_tokens:
             break
@@ -683,14 +689,26 @@ def paired_reference(reference: str, candidate: str) -> str:
     return paired if reference == "hf" and isinstance(paired, str) else reference
 
 
-def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
-    """Two copies of ``cfg.model`` (same seed: same weights) and the seeded prompts.
+def build_pair(cfg: RunConfig, *, reference: bool = True) -> tuple[Any, Any, torch.Tensor]:
+    """Two copies of ``cfg.model`` (same seed: same weights) and the seeded prompts; ``reference=False``: the
+    candidate's only (the first is None; the reference is built where its side runs, ``ulptrace.concurrent``).
 
     Everything that can be checked without a model (paths, modes, dtype, device, ranges) is
-    checked first, so bad input fails before minutes of model building. A reference of ``hf`` becomes the
-    candidate's paired reference where it declares one (``paired_reference``; ``cfg.reference`` is updated).
+    checked first (``check_run``), so bad input fails before minutes of model building.
     """
     from ulptrace.models import build_model
+
+    check_run(cfg)
+    dtype = torch_dtype(cfg.dtype)
+    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed) if reference else None
+    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    prompts = make_prompts(cand_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
+    return ref_model, cand_model, prompts
+
+
+def check_run(cfg: RunConfig) -> None:
+    """Check what can be checked without a model (fields, paths, ranges); a reference of ``hf`` becomes the
+    candidate's paired reference where it declares one (``paired_reference``; ``cfg.reference`` is updated)."""
     from ulptrace.paths import resolve_path
     from ulptrace.sites import parse_range
 
@@ -698,11 +716,6 @@ def build_pair(cfg: RunConfig) -> tuple[Any, Any, torch.Tensor]:
     resolve_path(cfg.reference), resolve_path(cfg.candidate)
     cfg.reference = paired_reference(cfg.reference, cfg.candidate)
     parse_range(cfg.steps), parse_range(cfg.layers)
-    dtype = torch_dtype(cfg.dtype)
-    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
-    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
-    prompts = make_prompts(ref_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-    return ref_model, cand_model, prompts
 
 
 def run_metadata(cfg: RunConfig, prompts: torch.Tensor, mode: str) -> dict[str, Any]:

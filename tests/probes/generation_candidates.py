@@ -104,3 +104,8 @@ def key_drift_seen_at_attention(model):
 
 key_drift_seen_at_attention.observable_sites = lambda model, sites: [s for s in sites if s.kind == "attention"]
 key_drift_seen_at_attention.observed = "the attention cores only (a test path)"
+
+
+def raises_when_applied(model):
+    """A path that fails as it is applied: what a broken path does in the process that applies it."""
+    raise RuntimeError("planted failure while applying the path")

@@ -1,0 +1,102 @@
+"""``onset --concurrent``: the reference recorded in a process of its own while the candidate runs gives the report
+the sequential onset gives — records, statistics, verdicts, onset, tokens, the observation check — and what goes
+wrong in that process is raised here, never read as a clean run.
+
+Each concurrent run starts a process (imports and a model build, a few seconds on a CPU): few runs, small shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ulptrace.cli import main
+from ulptrace.concurrent import ReferenceProcess
+from ulptrace.models import build_model
+from ulptrace.probes.onset import run_onset
+from ulptrace.run import RunConfig, greedy, make_prompts
+
+VOLATILE = ("versions", "path_info", "reference_process")  # when and in which process, not what was found
+SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
+
+
+def _report(cfg: RunConfig) -> dict:
+    comparison, info = run_onset(cfg)
+    data = comparison.to_json()
+    data["run"] = info
+    return data
+
+
+def _essentials(data: object) -> object:
+    if isinstance(data, dict):
+        return {k: _essentials(v) for k, v in data.items() if k not in VOLATILE}
+    if isinstance(data, list):
+        return [_essentials(v) for v in data]
+    return data
+
+
+def _both(**fields) -> tuple[dict, dict]:
+    sequential = _report(RunConfig(**SMALL, **fields))
+    concurrent = _report(RunConfig(**SMALL, concurrent=True, **fields))
+    return sequential, concurrent
+
+
+def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
+    sequential, concurrent = _both(model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    assert _essentials(concurrent) == _essentials(sequential)
+    assert concurrent["sites"], "records were compared"
+    assert "reference_process" in concurrent["run"]  # the reference's process reported back
+
+
+def test_concurrent_onset_with_the_oracle_finds_the_same_onset_and_verdicts() -> None:
+    # a planted one-element fault at step 1: a record that differs, judged by the oracle, after equal records
+    sequential, concurrent = _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2", check_observation=True)
+    assert _essentials(concurrent) == _essentials(sequential)
+    assert concurrent["onset"] is not None and concurrent["onset"]["step"] == 1
+    assert concurrent["run"]["observation"]["checked"] and concurrent["run"]["observation"]["candidate"]["checked"]
+
+
+def test_an_error_in_the_reference_process_is_raised_with_its_traceback() -> None:
+    cfg = RunConfig(model="tiny-llama", reference="generation_candidates:raises_when_applied", oracle=False,
+                    concurrent=True, **SMALL)
+    with pytest.raises(RuntimeError, match="(?s)reference run failed in its process.*planted failure while applying"):
+        run_onset(cfg)
+
+
+def test_a_reference_process_that_dies_is_reported_with_its_exit_code() -> None:
+    with ReferenceProcess(RunConfig(model="tiny-llama", concurrent=True, **SMALL)) as process:
+        process._process.kill()  # before it could send anything (it is still importing)
+        with pytest.raises(RuntimeError, match=r"ended without finishing its run \(exit code -9\); if a script"):
+            process.trace.metadata  # noqa: B018 — reading it waits for the process
+
+
+def test_concurrent_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
+    with pytest.raises(ValueError, match="keeps no reference trace, but a reference directory was given"):
+        run_onset(RunConfig(concurrent=True, **SMALL), reference_dir=tmp_path)
+    assert main(["onset", "--concurrent", "--tp", "2", "--no-oracle"]) == 2
+    assert "--tp 2 runs one process per rank already" in capsys.readouterr().err
+
+
+def test_greedy_fed_by_a_function_feeds_what_a_tensor_feeds() -> None:
+    model = build_model("tiny-llama")
+    prompts = make_prompts(model.config.vocab_size, 2, 6, 0)
+    forced = torch.randint(0, model.config.vocab_size, (2, 4), generator=torch.Generator().manual_seed(1))
+    seen: list[int] = []
+
+    def feed(step: int) -> torch.Tensor:
+        seen.append(step)
+        return forced[:, step:step + 1]
+
+    logits_tensor, logits_function = [], []
+    greedy(model, prompts, 5, forced=forced, on_logits=lambda s, l: logits_tensor.append(l.clone()))
+    greedy(model, prompts, 5, forced=feed, on_logits=lambda s, l: logits_function.append(l.clone()))
+    assert seen == [0, 1, 2, 3]  # asked once per decode step, in order, never for the last choice
+    assert all(torch.equal(a, b) for a, b in zip(logits_tensor, logits_function, strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields", [{"model": "tiny-qwen3.5", "candidate": "kernels:fused", "oracle": False},
+                                    {"model": "tiny-llama", "candidate": "fault:layers.1.mlp.glu@1+2"}], ids=str)
+def test_concurrent_onset_on_the_gpu_reports_what_the_sequential_one_does(fields, cuda_kernels) -> None:
+    """On a GPU the reference's records come through CUDA IPC (one arena per step) and are compared there."""
+    sequential, concurrent = _both(device="cuda", **fields)
+    assert _essentials(concurrent) == _essentials(sequential)
+    assert concurrent["sites"] and concurrent["run"]["reference_process"]["peak_gpu_bytes"] > 0

@@ -1,0 +1,259 @@
+"""An onset's reference side in a process of its own, running while the candidate runs (``onset --concurrent``).
+
+Why: the streaming onset runs the reference, then the candidate, in one process. Observing costs each side a hook
+dispatch and a copy per observed value, which on a host-bound GPU run puts the pair at ~2x its untraced time
+(``bench/RESULTS.md``, P1). The two sides are independent but for the tokens the candidate is fed, so they can run at
+once: not in one process (a path may patch process-wide state, and two threads share one interpreter lock), but in
+two. Measured on the H200 (``bench/bench_concurrent.py``): each side in its own process, both traced, took 0.92x the
+two untraced generations run one after the other.
+
+How: :class:`ReferenceProcess` spawns a process that builds the reference model (same seed, so the same weights: the
+parameter checksums in both sides' metadata say so), applies the reference path and records its generation with a
+sink that ships each step's records when the step's logits are out: the step's tensors packed into one byte arena (one
+device copy, shared with this process through CUDA IPC or shared memory — per-tensor sharing costs more than the
+records), the records as offsets into it, and the token the reference chose. This process reads them as
+:class:`RemoteTrace`, a reference the streaming comparison pops records from (waiting for a step that has not arrived),
+and feeds the candidate the reference's tokens as they come (``forced_token``). The queue holds a few steps
+(``AHEAD``), so the reference runs at most that far ahead and its records in flight stay bounded. An error in that
+process is raised here with its traceback; a process that dies without a word is reported with its exit code.
+"""
+
+from __future__ import annotations
+
+import math
+import queue as queue_module
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import torch
+from ulptrace.trace import Record
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations are not evaluated here
+
+AHEAD = 4  # steps the reference may run ahead of the candidate (its records in flight)
+ALIGN = 16  # byte alignment of each tensor in a step's arena (any dtype's view of it is aligned)
+POLL_S = 1.0  # how often a wait for the reference checks that its process is still alive
+
+
+class _Shipper:
+    """The reference process's sink: a step's records are kept until its logits are out, then shipped at once."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.records: list[Record] = []
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        self.out.put(("metadata", metadata))
+
+    def add(self, record: Record) -> None:
+        self.records.append(record)
+
+    def ship(self, step: int, token: torch.Tensor) -> None:
+        """The step's records (tensors packed into one arena) and the reference's token at ``step``."""
+        offsets: dict[int, tuple[int, str, tuple[int, ...]]] = {}  # id(tensor) -> (offset, dtype, shape)
+        pieces: list[torch.Tensor] = []
+        size = 0
+        for t in (token, *(t for record in self.records for t in (record.out, *record.inputs.values()))):
+            if id(t) in offsets:
+                continue
+            flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            pad = -size % ALIGN
+            if pad:
+                pieces.append(flat.new_zeros(pad))
+            offsets[id(t)] = (size + pad, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            pieces.append(flat)
+            size += pad + flat.numel()
+        arena = torch.cat(pieces)  # one device copy (and no wait for the device: the token stays there too)
+        spec = lambda t: offsets[id(t)]
+        metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
+                 for r in self.records]
+        self.records = []
+        self.out.put(("step", step, spec(token), arena, metas))
+
+
+def _reference_main(cfg: Any, out: Any, release: Any) -> None:
+    """The reference process: build, record the generation, ship each step; then the tokens, the path's report, the
+    observation check and about this process (its peak GPU memory, when its model was built). Any error is shipped
+    as its traceback. It stays until ``release`` is set: memory shared through CUDA IPC lives as long as the process
+    that allocated it."""
+    try:
+        from ulptrace.models import build_model
+        from ulptrace.paths import apply_path
+        from ulptrace.record import Recorder
+        from ulptrace.run import (
+            check_observation,
+            greedy,
+            make_prompts,
+            run_metadata,
+            selected_sites,
+            selection_metadata,
+            torch_dtype,
+        )
+        from ulptrace.sites import parse_range
+
+        model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+        built_at = time.perf_counter()  # system-wide on Linux (CLOCK_MONOTONIC): comparable with the parent's clock
+        prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
+        sink = _Shipper(out)
+        final: dict[int, torch.Tensor] = {}
+
+        def on_logits(step: int, logits: torch.Tensor) -> None:
+            if cfg.check_observation:
+                final[step] = logits.clone()
+            sink.ship(step, logits.argmax(-1, keepdim=True))
+
+        with apply_path(model, cfg.reference) as applied:
+            meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
+            with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=sink,
+                          path=cfg.reference, metadata={**meta, "path_info": applied.info}):
+                tokens = greedy(model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len,
+                                on_logits=on_logits)
+            path_info = applied.info  # read after the run: a path may report what ran
+            observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
+                                            cache_len=cfg.cache_len) if cfg.check_observation else None
+        peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
+        out.put(("done", tokens.cpu(), path_info, observation, {"peak_gpu_bytes": peak, "built_at": built_at}))
+    except BaseException:  # noqa: BLE001 — shipped whole, raised in the parent
+        out.put(("error", traceback.format_exc()))
+    release.wait()
+
+
+class RemoteTrace:
+    """The reference's records as they arrive from its process: what ``StreamingComparator`` reads of a reference
+    (``metadata``, ``pop``, ``get``, ``keys``), each waiting for the step it needs. ``streaming``: its keys are known
+    only once the reference has finished (``keys`` waits for that)."""
+
+    streaming = True
+
+    def __init__(self, owner: ReferenceProcess) -> None:
+        self._owner = owner
+        self._records: dict[tuple[str, int], Record] = {}
+        self._order: list[tuple[str, int]] = []
+        self._metadata: dict[str, Any] | None = None
+        self.tokens: dict[int, torch.Tensor] = {}  # step -> the reference's token then (its step has arrived whole)
+        self.done: tuple | None = None
+        self.failure: RuntimeError | None = None  # what went wrong there, raised again at any later read
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        while self._metadata is None:
+            self._receive()
+        return self._metadata
+
+    def _receive(self) -> None:
+        """Take the next message of the reference process (waiting for it), or raise what went wrong there."""
+        if self.done is not None:
+            raise RuntimeError("the reference process has finished: nothing more will arrive")
+        if self.failure is not None:
+            raise self.failure
+        try:
+            item = self._owner.next_message()
+        except RuntimeError as exc:
+            self.failure = exc
+            raise
+        kind = item[0]
+        if kind == "metadata":
+            self._metadata = item[1]
+        elif kind == "step":
+            self._unpack(*item[1:])
+        elif kind == "done":
+            self.done = item[1:]
+        else:
+            self.failure = RuntimeError(f"the reference run failed in its process:\n{item[1]}")
+            raise self.failure
+
+    def _unpack(self, step: int, token: tuple, arena: torch.Tensor, metas: list) -> None:
+        views: dict[int, torch.Tensor] = {}  # one tensor per offset: records that shared a tensor share it again
+
+        def tensor(spec: tuple[int, str, tuple[int, ...]]) -> torch.Tensor:
+            offset, dtype, shape = spec
+            if offset not in views:
+                dt = getattr(torch, dtype)
+                views[offset] = arena[offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
+            return views[offset]
+
+        for site, rstep, kind, layer, out, inputs in metas:
+            record = Record(site, rstep, kind, layer, tensor(out), {role: tensor(s) for role, s in inputs.items()})
+            self._records[record.key] = record
+            self._order.append(record.key)
+        self.tokens[step] = tensor(token)
+
+    def _until(self, key: tuple[str, int]) -> None:
+        while key not in self._records and self.done is None and key[1] not in self.tokens:
+            self._receive()
+
+    def pop(self, key: tuple[str, int]) -> Record | None:
+        self._until(key)
+        return self._records.pop(key, None)
+
+    def get(self, key: tuple[str, int]) -> Record | None:
+        self._until(key)
+        return self._records.get(key)
+
+    def keys(self) -> list[tuple[str, int]]:
+        """Every record the reference made, in its order (waits for the reference to finish)."""
+        while self.done is None:
+            self._receive()
+        return list(self._order)
+
+    def forced_token(self, step: int) -> torch.Tensor:
+        """The token the reference chose at ``step`` (``[batch, 1]``): what the candidate is fed after it."""
+        while step not in self.tokens:
+            self._receive()
+        return self.tokens[step]
+
+    def finish(self) -> tuple[torch.Tensor, Any, dict[str, Any] | None, dict[str, Any]]:
+        """Wait for the reference to finish: (its tokens, its path's report, its observation check, about its
+        process: ``peak_gpu_bytes`` (None off CUDA) and ``built_at``, its ``time.perf_counter()`` when its model was
+        built — on Linux the same clock as this process's, so a benchmark can time the run from when both sides were
+        ready)."""
+        self.keys()
+        return self.done  # type: ignore[return-value]
+
+
+class ReferenceProcess:
+    """``cfg``'s reference side (model, path, mode, sites, steps) recorded in a spawned process while the caller runs
+    the candidate; ``trace`` is a :class:`RemoteTrace` of it. A context manager: on exit the process is waited for,
+    or stopped if the caller failed."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        context = torch.multiprocessing.get_context("spawn")
+        self._queue = context.Queue(maxsize=AHEAD)
+        self._release = context.Event()
+        self._process = context.Process(target=_reference_main, args=(cfg, self._queue, self._release), daemon=True,
+                                        name="ulptrace-reference")
+        self.trace = RemoteTrace(self)
+
+    def __enter__(self) -> Self:
+        self._process.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            if exc_type is None and self.trace.done is None and self.trace.failure is None:
+                self.trace.keys()  # the whole run: its process finishes its puts
+        finally:
+            # what this process still holds of the shared memory goes first, and the device is done reading it
+            self.trace._records.clear()
+            self.trace.tokens.clear()
+            if torch.device(self.cfg.device).type == "cuda":
+                torch.cuda.synchronize()
+            self._release.set()
+            self._process.join(timeout=None if exc_type is None else 5)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+
+    def next_message(self) -> tuple:
+        while True:
+            try:
+                return self._queue.get(timeout=POLL_S)
+            except queue_module.Empty:
+                if not self._process.is_alive():
+                    raise RuntimeError(
+                        f"the reference process ended without finishing its run (exit code {self._process.exitcode}); "
+                        "if a script started it, its entry point must be guarded by `if __name__ == '__main__':`, "
+                        "as Python's multiprocessing requires (the new process imports the script)") from None
