@@ -173,6 +173,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
                                      mode=cfg.candidate_mode, cache_len=cfg.cache_len, on_logits=cand_step)
             bar.close()
             ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
+            ref_tokens = ref_tokens.to(cand_tokens.device)  # shipped through host memory
             sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
             if cfg.check_observation:
                 say("re-running the candidate untraced (observation check)")
