@@ -4,8 +4,11 @@ Why: the streaming onset runs the reference, then the candidate, in one process.
 dispatch and a copy per observed value, which on a host-bound GPU run puts the pair at ~2x its untraced time
 (``bench/RESULTS.md``, P1). The two sides are independent but for the tokens the candidate is fed, so they can run at
 once: not in one process (a path may patch process-wide state, and two threads share one interpreter lock), but in
-two. Measured on the H200 (``bench/bench_concurrent.py``): each side in its own process, both traced, took 0.92x the
-two untraced generations run one after the other.
+two. Measured on the H200 (``bench/bench_concurrent.py``, processes warmed up): each side in its own process, both
+traced, took 0.92x the two untraced generations run one after the other. What this module does not do yet is keep
+its process: each onset starts one, whose start-up (imports, CUDA context, the model's build) and first, cold run
+are paid every time — on the H200, 8 x 128 tokens, 16 steps, 3.2x the untraced pair against 2.5x for the sequential
+onset (``bench/RESULTS.md``, tenth round); the runs of a long onset amortise it, short ones do not.
 
 How: :class:`ReferenceProcess` spawns a process that builds the reference model (same seed, so the same weights: the
 parameter checksums in both sides' metadata say so), applies the reference path and records its generation with a
@@ -246,6 +249,7 @@ class ReferenceProcess:
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join()
+            self._queue.close()
 
     def next_message(self) -> tuple:
         while True:
