@@ -5,13 +5,15 @@ dispatch and a copy per observed value, which on a host-bound GPU run puts the p
 (``bench/RESULTS.md``, P1). The two sides are independent but for the tokens the candidate is fed, so they can run at
 once: not in one process (a path may patch process-wide state, and two threads share one interpreter lock), but in
 two. Measured on the H200 (``bench/bench_concurrent.py``, processes warmed up): each side in its own process, both
-traced, took 0.92x the two untraced generations run one after the other. What this module does not do yet is keep
-its process: each onset starts one, whose start-up (imports, CUDA context, the model's build) and first, cold run
-are paid every time — on the H200, 8 x 128 tokens, 16 steps, 3.2x the untraced pair against 2.5x for the sequential
-onset (``bench/RESULTS.md``, tenth round); the runs of a long onset amortise it, short ones do not.
+traced, took 0.92x the two untraced generations run one after the other. A process started for one onset pays its
+start-up (imports, CUDA context, the model's build) and a cold first run: on the H200, 8 x 128 tokens, 16 steps,
+3.2x the untraced pair against 2.5x for the sequential onset, when every onset started its own (``bench/RESULTS.md``,
+tenth round). So a clean run's process is kept, with its model, for the next onset of the same model (a notebook's,
+a benchmark's, a test suite's); whether that reaches the 0.92x is not yet measured.
 
-How: :class:`ReferenceProcess` spawns a process that builds the reference model (same seed, so the same weights: the
-parameter checksums in both sides' metadata say so), applies the reference path and records its generation with a
+How: :class:`ReferenceProcess` hands the run to a reference process (spawned, or the one a clean run of the same model
+left, ``shutdown`` stops it) that builds the reference model once (same seed, so the same weights: the parameter
+checksums in both sides' metadata say so), applies the reference path and records its generation with a
 sink that ships each step's records when the step's logits are out: the step's tensors packed into one byte arena (one
 device copy, shared with this process through CUDA IPC or shared memory — per-tensor sharing costs more than the
 records), the records as offsets into it, and the token the reference chose. This process reads them as
@@ -23,7 +25,9 @@ process is raised here with its traceback; a process that dies without a word is
 
 from __future__ import annotations
 
+import atexit
 import math
+import os
 import queue as queue_module
 import time
 import traceback
@@ -68,6 +72,8 @@ class _Shipper:
             offsets[id(t)] = (size + pad, str(t.dtype).removeprefix("torch."), tuple(t.shape))
             pieces.append(flat)
             size += pad + flat.numel()
+        if token.is_cuda:  # free the arenas of earlier steps that the other process has released (else kept until
+            torch.cuda.ipc_collect()  # this process runs out of memory: its memory would grow over a run and after)
         arena = torch.cat(pieces)  # one device copy (and no wait for the device: the token stays there too)
         spec = lambda t: offsets[id(t)]
         metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
@@ -76,11 +82,20 @@ class _Shipper:
         self.out.put(("step", step, spec(token), arena, metas))
 
 
-def _reference_main(cfg: Any, out: Any, release: Any) -> None:
-    """The reference process: build, record the generation, ship each step; then the tokens, the path's report, the
-    observation check and about this process (its peak GPU memory, when its model was built). Any error is shipped
-    as its traceback. It stays until ``release`` is set: memory shared through CUDA IPC lives as long as the process
-    that allocated it."""
+def _serve(commands: Any, out: Any) -> None:
+    """The reference process: one run per configuration it is sent (None: stop), its model built once for a model,
+    dtype, device and seed (``_key``) and kept for the next run of the same (only one at a time)."""
+    models: dict[tuple, Any] = {}
+    runs = 0
+    while (cfg := commands.get()) is not None:
+        runs += 1
+        _reference_run(cfg, out, models, runs)
+
+
+def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> None:
+    """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
+    check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready). Any
+    error is shipped as its traceback (the parent then stops this process: its state is not trusted again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
@@ -96,8 +111,14 @@ def _reference_main(cfg: Any, out: Any, release: Any) -> None:
         )
         from ulptrace.sites import parse_range
 
-        model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+        key = _key(cfg)
+        if key not in models:
+            models.clear()  # one model at a time: its memory is this process's only lasting cost
+            models[key] = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+        model = models[key]
         built_at = time.perf_counter()  # system-wide on Linux (CLOCK_MONOTONIC): comparable with the parent's clock
+        if torch.device(cfg.device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
         sink = _Shipper(out)
         final: dict[int, torch.Tensor] = {}
@@ -117,10 +138,58 @@ def _reference_main(cfg: Any, out: Any, release: Any) -> None:
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
-        out.put(("done", tokens.cpu(), path_info, observation, {"peak_gpu_bytes": peak, "built_at": built_at}))
+        out.put(("done", tokens.cpu(), path_info, observation,
+                 {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at}))
     except BaseException:  # noqa: BLE001 — shipped whole, raised in the parent
         out.put(("error", traceback.format_exc()))
-    release.wait()
+
+
+def _key(cfg: Any) -> tuple:
+    """What a reference process's model is built from: a run of the same reuses it."""
+    return cfg.model, cfg.dtype, cfg.device, cfg.seed
+
+
+class _Worker:
+    """A reference process and its two queues: configurations in, a run's messages out (at most ``AHEAD`` waiting)."""
+
+    def __init__(self) -> None:
+        context = torch.multiprocessing.get_context("spawn")
+        self.commands = context.Queue()
+        self.messages = context.Queue(maxsize=AHEAD)
+        self.process = context.Process(target=_serve, args=(self.commands, self.messages), daemon=True,
+                                       name="ulptrace-reference")
+        self.process.start()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.commands.close()
+        self.messages.close()
+
+
+_IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, by its model's _key (at most one)
+
+
+def _take_worker(cfg: Any) -> _Worker:
+    """The idle reference process of ``cfg``'s model if there is one (its model built, its CUDA context and kernels
+    warm), else a new one; another idle process is stopped (one model's memory kept at most)."""
+    key = _key(cfg)
+    worker = _IDLE.pop(key, None)
+    if worker is not None and worker.process.is_alive():
+        return worker
+    shutdown()
+    return _Worker()
+
+
+def shutdown() -> None:
+    """Stop the reference process kept for the next ``onset --concurrent`` (it holds its model's memory while it
+    waits); also done when this process exits."""
+    while _IDLE:
+        _IDLE.popitem()[1].stop()
+
+
+atexit.register(shutdown)
 
 
 class RemoteTrace:
@@ -209,55 +278,69 @@ class RemoteTrace:
 
     def finish(self) -> tuple[torch.Tensor, Any, dict[str, Any] | None, dict[str, Any]]:
         """Wait for the reference to finish: (its tokens, its path's report, its observation check, about its
-        process: ``peak_gpu_bytes`` (None off CUDA) and ``built_at``, its ``time.perf_counter()`` when its model was
-        built — on Linux the same clock as this process's, so a benchmark can time the run from when both sides were
-        ready)."""
+        process: ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA) and
+        ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
+        process's, so a benchmark can time the run from when both sides were ready)."""
         self.keys()
         return self.done  # type: ignore[return-value]
 
 
 class ReferenceProcess:
-    """``cfg``'s reference side (model, path, mode, sites, steps) recorded in a spawned process while the caller runs
-    the candidate; ``trace`` is a :class:`RemoteTrace` of it. A context manager: on exit the process is waited for,
-    or stopped if the caller failed."""
+    """``cfg``'s reference side (model, path, mode, sites, steps) recorded in a reference process while the caller
+    runs the candidate; ``trace`` is a :class:`RemoteTrace` of it. A context manager: on a clean exit the process is
+    kept for the next run of the same model (``shutdown`` stops it), after a failure here or there it is stopped."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        context = torch.multiprocessing.get_context("spawn")
-        self._queue = context.Queue(maxsize=AHEAD)
-        self._release = context.Event()
-        self._process = context.Process(target=_reference_main, args=(cfg, self._queue, self._release), daemon=True,
-                                        name="ulptrace-reference")
         self.trace = RemoteTrace(self)
+        self._worker: _Worker | None = None
 
     def __enter__(self) -> Self:
-        self._process.start()
+        self._worker = _take_worker(self.cfg)
+        self._worker.commands.put(self.cfg)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        worker = self._worker
+        if worker is None:
+            return
         try:
             if exc_type is None and self.trace.done is None and self.trace.failure is None:
-                self.trace.keys()  # the whole run: its process finishes its puts
+                self.trace.keys()  # the whole run: its messages are all taken
         finally:
-            # what this process still holds of the shared memory goes first, and the device is done reading it
+            # what this process still holds of the shared memory goes, and the device is done reading it
             self.trace._records.clear()
             self.trace.tokens.clear()
             if torch.device(self.cfg.device).type == "cuda":
                 torch.cuda.synchronize()
-            self._release.set()
-            self._process.join(timeout=None if exc_type is None else 5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-            self._queue.close()
+            self._worker = None
+            if exc_type is None and self.trace.done is not None and self.trace.failure is None \
+                    and worker.process.is_alive():
+                _IDLE[_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
+            else:
+                worker.stop()
+
+    @property
+    def pid(self) -> int | None:
+        """The reference process's id (while the run is open)."""
+        return None if self._worker is None else self._worker.process.pid
+
+    def kill(self) -> None:
+        """Kill the reference process now (what a crash does; tests)."""
+        if self._worker is not None:
+            self._worker.process.kill()
+            self._worker.process.join()
 
     def next_message(self) -> tuple:
+        worker = self._worker
+        if worker is None:
+            raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
         while True:
             try:
-                return self._queue.get(timeout=POLL_S)
+                return worker.messages.get(timeout=POLL_S)
             except queue_module.Empty:
-                if not self._process.is_alive():
+                if not worker.process.is_alive():
                     raise RuntimeError(
-                        f"the reference process ended without finishing its run (exit code {self._process.exitcode}); "
+                        f"the reference process ended without finishing its run (exit code {worker.process.exitcode}); "
                         "if a script started it, its entry point must be guarded by `if __name__ == '__main__':`, "
                         "as Python's multiprocessing requires (the new process imports the script)") from None

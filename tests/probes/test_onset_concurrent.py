@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ulptrace.cli import main
-from ulptrace.concurrent import ReferenceProcess
+from ulptrace.concurrent import ReferenceProcess, shutdown
 from ulptrace.models import build_model
 from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig, greedy, make_prompts
@@ -54,6 +54,23 @@ def test_concurrent_onset_with_the_oracle_finds_the_same_onset_and_verdicts() ->
     assert concurrent["run"]["observation"]["checked"] and concurrent["run"]["observation"]["candidate"]["checked"]
 
 
+def test_the_reference_process_is_kept_for_the_next_run_of_its_model() -> None:
+    """A clean run leaves its process (model built, warm) for the next onset of the same model; another model gets a
+    new one and the old one is stopped; ``shutdown`` stops the one kept."""
+    cfg = {"model": "tiny-llama", "candidate": "fault:layers.0.mlp.glu@0+1", "oracle": False}
+    sequential = _report(RunConfig(**SMALL, **cfg))
+    first = _report(RunConfig(**SMALL, concurrent=True, **cfg))
+    again = _report(RunConfig(**SMALL, concurrent=True, **cfg))
+    assert _essentials(first) == _essentials(again) == _essentials(sequential)
+    assert again["run"]["reference_process"]["pid"] == first["run"]["reference_process"]["pid"]
+    assert again["run"]["reference_process"]["run_in_process"] == first["run"]["reference_process"]["run_in_process"] + 1
+    other = _report(RunConfig(**SMALL, concurrent=True, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False))
+    assert other["run"]["reference_process"]["pid"] != first["run"]["reference_process"]["pid"]
+    assert other["run"]["reference_process"]["run_in_process"] == 1
+    shutdown()
+    assert _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]["run_in_process"] == 1
+
+
 def test_an_error_in_the_reference_process_is_raised_with_its_traceback() -> None:
     cfg = RunConfig(model="tiny-llama", reference="generation_candidates:raises_when_applied", oracle=False,
                     concurrent=True, **SMALL)
@@ -62,8 +79,9 @@ def test_an_error_in_the_reference_process_is_raised_with_its_traceback() -> Non
 
 
 def test_a_reference_process_that_dies_is_reported_with_its_exit_code() -> None:
+    shutdown()  # a new process: still importing when it is killed
     with ReferenceProcess(RunConfig(model="tiny-llama", concurrent=True, **SMALL)) as process:
-        process._process.kill()  # before it could send anything (it is still importing)
+        process.kill()
         with pytest.raises(RuntimeError, match=r"ended without finishing its run \(exit code -9\); if a script"):
             process.trace.metadata  # noqa: B018 — reading it waits for the process
 
