@@ -12,7 +12,7 @@
 # wheel) a sampling profile of the onset layer summarised by bench/spy_summary.py. TRACE=0 skips bench_trace.py;
 # PARTS=0 bench_p1_parts.py's layers; AB=N times P1's layers (AB_LAYERS, default "hooks onset") in N rounds of two
 # processes, .prev/'s package (an older commit's, carried) and this tree's, one after the other: a before/after on one
-# host within one call.
+# host within one call. CONC=1 adds bench_trace.py --concurrent (P1, P3, P5 with onset --concurrent, and its reports).
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 . bench/package.sh
@@ -32,6 +32,10 @@ fi
 if [ "${TRACE:-1}" != 0 ]; then
     python3 $BENCH --stats-mib 256 --json $OUT/bench_trace_gpu.json --profile $OUT/profile_p1_warm.txt \
         --reports $OUT/reports 2>&1 | grep -v Warn | tee $OUT/bench_trace_gpu.log
+fi
+if [ "${CONC:-0}" != 0 ]; then  # onset --concurrent (the reference in a process of its own, kept between onsets)
+    python3 $BENCH --goals P1 P3 P5 --concurrent --json $OUT/bench_trace_concurrent.json --reports $OUT/reports_concurrent \
+        2>&1 | grep -v Warn | tee $OUT/bench_trace_concurrent.log
 fi
 if [ "${PARTS:-1}" != 0 ]; then
     python3 bench/bench_p1_parts.py --device cuda --model qwen3.5-0.8b --repeats ${REPEATS:-3} ${FLUSH:+--flush-every $FLUSH} \

@@ -108,32 +108,14 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
-            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
-            final_cand: dict[int, torch.Tensor] = {}
-            cand_sites = selected_sites(cand_model, cfg)
-            bar.start(f"candidate {cfg.candidate}, compared as it runs", cfg.new_tokens, len(cand_sites))
-
-            def cand_step(s: int, logits: torch.Tensor) -> None:
-                final_cand[s] = logits.clone()
-                bar.step(s + 1)
-
-            with Recorder(cand_model, sites=cand_sites, steps=steps, sink=sink,
-                          path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
-                cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens,
-                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len, on_logits=cand_step)
-            bar.close()
+            cand_tokens, final_cand, cand_meta = _record_candidate(cfg, cand_model, prompts, sink, ref_tokens,
+                                                                   cand_applied, bar, "compared as it runs")
             if cfg.check_observation:  # the candidate too: observing a compiled graph can change what it computes
-                say("re-running the candidate untraced (observation check)")
-                cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,
-                                                  mode=cfg.candidate_mode, cache_len=cfg.cache_len)
-                info["observation"] = _both_observed(info["observation"], cand_observed)
-            sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
+                info["observation"] = _both_observed(cfg, info["observation"], cand_model, prompts, ref_tokens,
+                                                     final_cand, say)
+            sink.result.candidate = {**cand_meta, "path_info": cand_applied.info}
             comparison = sink.finish()
-    comparison.observation = info.get("observation")
-    info["reference_tokens"] = ref_tokens.tolist()
-    info["candidate_tokens"] = cand_tokens.tolist()
-    info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
-    return comparison, info
+    return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
 def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -> tuple[Comparison, dict[str, Any]]:
@@ -158,41 +140,63 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
             sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True)
-            meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
-            final_cand: dict[int, torch.Tensor] = {}
-            cand_sites = selected_sites(cand_model, cfg)
-            bar.start(f"candidate {cfg.candidate}, compared as both run", cfg.new_tokens, len(cand_sites))
-
-            def cand_step(s: int, logits: torch.Tensor) -> None:
-                final_cand[s] = logits.clone()
-                bar.step(s + 1)
-
-            with Recorder(cand_model, sites=cand_sites, steps=parse_range(cfg.steps), sink=sink,
-                          path=cfg.candidate, metadata={**meta, "path_info": cand_applied.info}) as crec:
-                cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=remote.trace.forced_token,
-                                     mode=cfg.candidate_mode, cache_len=cfg.cache_len, on_logits=cand_step)
-            bar.close()
+            cand_tokens, final_cand, cand_meta = _record_candidate(cfg, cand_model, prompts, sink,
+                                                                   remote.trace.forced_token, cand_applied, bar,
+                                                                   "compared as both run")
             ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
             ref_tokens = ref_tokens.to(cand_tokens.device)  # shipped through host memory
             sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
             if cfg.check_observation:
-                say("re-running the candidate untraced (observation check)")
-                cand_observed = check_observation(cand_model, prompts, cfg.new_tokens, ref_tokens, final_cand,
-                                                  mode=cfg.candidate_mode, cache_len=cfg.cache_len)
-                info["observation"] = _both_observed(ref_observed, cand_observed)
-            sink.result.candidate = {**crec.metadata, "path_info": cand_applied.info}
+                info["observation"] = _both_observed(cfg, ref_observed, cand_model, prompts, ref_tokens, final_cand,
+                                                     say)
+            sink.result.candidate = {**cand_meta, "path_info": cand_applied.info}
             comparison = sink.finish()
-            del sink, crec  # what held the reference's records goes before its process may free their memory
+            del sink  # what held the reference's records goes before its process may free their memory
+    info["reference_process"] = process
+    return _finished(comparison, info, ref_tokens, cand_tokens)
+
+
+def _record_candidate(cfg: RunConfig, model: Any, prompts: torch.Tensor, sink: StreamingComparator, forced: Any,
+                      applied: Any, bar: Progress, what: str
+                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[str, Any]]:
+    """The candidate's traced generation into the streaming comparison ``sink``, fed ``forced`` (the reference's
+    tokens, or a function of the step serving them as they come): (its own greedy tokens, its final logits per
+    step, its recorder's metadata)."""
+    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
+    final: dict[int, torch.Tensor] = {}
+    sites = selected_sites(model, cfg)
+    bar.start(f"candidate {cfg.candidate}, {what}", cfg.new_tokens, len(sites))
+
+    def on_logits(s: int, logits: torch.Tensor) -> None:
+        final[s] = logits.clone()
+        bar.step(s + 1)
+
+    with Recorder(model, sites=sites, steps=parse_range(cfg.steps), sink=sink, path=cfg.candidate,
+                  metadata={**meta, "path_info": applied.info}) as rec:
+        tokens = greedy(model, prompts, cfg.new_tokens, forced=forced, mode=cfg.candidate_mode,
+                        cache_len=cfg.cache_len, on_logits=on_logits)
+    bar.close()
+    return tokens, final, rec.metadata
+
+
+def _finished(comparison: Comparison, info: dict[str, Any], ref_tokens: torch.Tensor, cand_tokens: torch.Tensor
+              ) -> tuple[Comparison, dict[str, Any]]:
+    """The onset's result: the comparison with the observation check, the run info with both sides' tokens."""
     comparison.observation = info.get("observation")
     info["reference_tokens"] = ref_tokens.tolist()
     info["candidate_tokens"] = cand_tokens.tolist()
     info["first_token_flip"] = first_flip(ref_tokens, cand_tokens)
-    info["reference_process"] = process
     return comparison, info
 
 
-def _both_observed(ref_observed: dict[str, Any], cand_observed: dict[str, Any]) -> dict[str, Any]:
-    """The observation checks of both sides as one (``check_observation``'s result for each)."""
+def _both_observed(cfg: RunConfig, ref_observed: dict[str, Any], model: Any, prompts: torch.Tensor,
+                   ref_tokens: torch.Tensor, final: dict[int, torch.Tensor], say: Callable[[str], None]
+                   ) -> dict[str, Any]:
+    """The candidate's observation check (re-run untraced, fed the reference's tokens, against its traced final
+    logits ``final``) and the reference's ``ref_observed`` as one."""
+    say("re-running the candidate untraced (observation check)")
+    cand_observed = check_observation(model, prompts, cfg.new_tokens, ref_tokens, final, mode=cfg.candidate_mode,
+                                      cache_len=cfg.cache_len)
     return {**ref_observed, "candidate": cand_observed,
             "bitwise_equal": ref_observed["bitwise_equal"] and cand_observed["bitwise_equal"],
             "differing_steps": sorted(set(ref_observed["differing_steps"]) | set(cand_observed["differing_steps"])),
