@@ -34,6 +34,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
+from ulptrace.paths import is_user_path
 from ulptrace.trace import Record
 
 if TYPE_CHECKING:
@@ -288,7 +289,9 @@ class RemoteTrace:
 class ReferenceProcess:
     """``cfg``'s reference side (model, path, mode, sites, steps) recorded in a reference process while the caller
     runs the candidate; ``trace`` is a :class:`RemoteTrace` of it. A context manager: on a clean exit the process is
-    kept for the next run of the same model (``shutdown`` stops it), after a failure here or there it is stopped."""
+    kept for the next run of the same model (``shutdown`` stops it), after a failure here or there it is stopped, and
+    after a reference path of the user's own code too (the kept process would run the code it imported then, not what
+    the user has edited since)."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -315,7 +318,7 @@ class ReferenceProcess:
                 torch.cuda.synchronize()
             self._worker = None
             if exc_type is None and self.trace.done is not None and self.trace.failure is None \
-                    and worker.process.is_alive():
+                    and worker.process.is_alive() and not is_user_path(self.cfg.reference):
                 _IDLE[_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
             else:
                 worker.stop()

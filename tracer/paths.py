@@ -101,7 +101,9 @@ def active_user_paths() -> list[str]:
     return list(_ACTIVE_USER_PATHS)
 
 
-def _is_user(name: str) -> bool:
+def is_user_path(name: str) -> bool:
+    """Whether path ``name`` is the user's own code (``package.module:function``, or registered from outside
+    ulptrace) rather than one of ulptrace's or HF's."""
     spec = _REGISTRY.get(name)
     if spec is not None:
         target = spec.target
@@ -242,7 +244,7 @@ def apply_path(model: Any, name: str) -> Applied:
     whose handle has ``verify()`` is checked on a clean exit (a fault that never fired raises).
     """
     fn = resolve_path(name)
-    user = _is_user(name)
+    user = is_user_path(name)
     try:
         handle = fn(model)
     except KeyError as exc:  # e.g. HF's "not a valid attention implementation"

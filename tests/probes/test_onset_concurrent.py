@@ -71,6 +71,14 @@ def test_the_reference_process_is_kept_for_the_next_run_of_its_model() -> None:
     assert _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]["run_in_process"] == 1
 
 
+def test_a_process_that_ran_the_users_own_reference_path_is_not_kept() -> None:
+    """The kept process would run the path's code as it imported it, not as the user has edited it since."""
+    cfg = {"model": "tiny-llama", "reference": "generation_candidates:glu_error_in_batches", "oracle": False}
+    first = _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]
+    second = _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]
+    assert second["run_in_process"] == 1 and second["pid"] != first["pid"]
+
+
 def test_an_error_in_the_reference_process_is_raised_with_its_traceback() -> None:
     cfg = RunConfig(model="tiny-llama", reference="generation_candidates:raises_when_applied", oracle=False,
                     concurrent=True, **SMALL)
