@@ -146,8 +146,12 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
 
 
 def _key(cfg: Any) -> tuple:
-    """What a reference process's model is built from: a run of the same reuses it."""
-    return cfg.model, cfg.dtype, cfg.device, cfg.seed
+    """What a reference process's model is built from: a run of the same reuses it. A local checkpoint counts with
+    its files' modification times (rewritten weights are not served from the model built before)."""
+    files: tuple = ()
+    if os.path.isdir(cfg.model):
+        files = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(cfg.model) if e.is_file()))
+    return cfg.model, files, cfg.dtype, cfg.device, cfg.seed
 
 
 class _Worker:

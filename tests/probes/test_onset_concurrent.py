@@ -126,3 +126,13 @@ def test_concurrent_onset_on_the_gpu_reports_what_the_sequential_one_does(fields
     sequential, concurrent = _both(device="cuda", **fields)
     assert _essentials(concurrent) == _essentials(sequential)
     assert concurrent["sites"] and concurrent["run"]["reference_process"]["peak_gpu_bytes"] > 0
+
+
+def test_a_kept_model_of_a_local_checkpoint_is_not_reused_once_its_files_change(tmp_path) -> None:
+    from ulptrace.concurrent import _key
+
+    (tmp_path / "config.json").write_text("{}")
+    before = _key(RunConfig(model=str(tmp_path)))
+    (tmp_path / "model.safetensors").write_bytes(b"new weights")
+    assert _key(RunConfig(model=str(tmp_path))) != before
+    assert _key(RunConfig(model="tiny-llama")) == _key(RunConfig(model="tiny-llama"))
