@@ -242,14 +242,15 @@ class RemoteTrace:
             raise self.failure
 
     def _unpack(self, step: int, token: tuple, arena: torch.Tensor, metas: list) -> None:
-        views: dict[int, torch.Tensor] = {}  # one tensor per offset: records that shared a tensor share it again
+        # one tensor per spec: records that shared a tensor share it again (an empty tensor's offset is the next one's)
+        views: dict[tuple[int, str, tuple[int, ...]], torch.Tensor] = {}
 
         def tensor(spec: tuple[int, str, tuple[int, ...]]) -> torch.Tensor:
-            offset, dtype, shape = spec
-            if offset not in views:
+            if spec not in views:
+                offset, dtype, shape = spec
                 dt = getattr(torch, dtype)
-                views[offset] = arena[offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
-            return views[offset]
+                views[spec] = arena[offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
+            return views[spec]
 
         for site, rstep, kind, layer, out, inputs in metas:
             record = Record(site, rstep, kind, layer, tensor(out), {role: tensor(s) for role, s in inputs.items()})

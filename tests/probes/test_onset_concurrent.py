@@ -136,3 +136,33 @@ def test_a_kept_model_of_a_local_checkpoint_is_not_reused_once_its_files_change(
     (tmp_path / "model.safetensors").write_bytes(b"new weights")
     assert _key(RunConfig(model=str(tmp_path))) != before
     assert _key(RunConfig(model="tiny-llama")) == _key(RunConfig(model="tiny-llama"))
+
+
+def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:
+    """One step packed into one arena and read back (no process: the two ends of the queue): dtypes and shapes, an
+    empty tensor at the next one's offset, a tensor two records share coming back as one tensor, the token."""
+    import queue
+
+    from ulptrace.concurrent import RemoteTrace, _Shipper
+    from ulptrace.trace import Record
+
+    messages: queue.Queue = queue.Queue()
+    shipper = _Shipper(messages)
+    empty, shared = torch.empty(0, 3, dtype=torch.bfloat16), torch.randn(2, 3).bfloat16()
+    ints, mask, scalar = torch.arange(5, dtype=torch.int32), torch.tensor([True, False, True]), torch.tensor(2.5)
+    shipper.add(Record("a", 0, "norm", 0, empty, {"x": shared}))
+    shipper.add(Record("b", 0, "linear", 1, ints, {"x": shared, "mask": mask, "scale": scalar}))
+    shipper.ship(0, torch.tensor([[7], [9]]))
+
+    class Ends:
+        def next_message(self):
+            return messages.get_nowait()
+
+    trace = RemoteTrace(Ends())
+    a, b = trace.pop(("a", 0)), trace.pop(("b", 0))
+    assert a.out.shape == (0, 3) and a.out.dtype == torch.bfloat16
+    for got, sent in ((a.inputs["x"], shared), (b.out, ints), (b.inputs["mask"], mask), (b.inputs["scale"], scalar)):
+        assert got.dtype == sent.dtype and torch.equal(got, sent)
+    assert a.inputs["x"] is b.inputs["x"]  # compared once (KnownPairs finds the pair by identity)
+    assert (b.kind, b.layer) == ("linear", 1) and trace.forced_token(0).tolist() == [[7], [9]]
+    assert trace.pop(("c", 0)) is None  # its step arrived whole: a record it does not hold is missing, not awaited
