@@ -6,6 +6,8 @@ Each concurrent run starts a process (imports and a model build, a few seconds o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from ulptrace.cli import main
@@ -92,6 +94,14 @@ def test_a_reference_process_that_dies_is_reported_with_its_exit_code() -> None:
         process.kill()
         with pytest.raises(RuntimeError, match=r"ended without finishing its run \(exit code -9\); if a script"):
             process.trace.metadata  # noqa: B018 — reading it waits for the process
+
+
+def test_the_cli_runs_it(tmp_path) -> None:
+    out = tmp_path / "onset.json"
+    assert main(["onset", "--concurrent", "--no-oracle", "--model", "tiny-llama", "--candidate", "kernels:fused",
+                 "--prompts", "2", "--prompt-len", "8", "--new-tokens", "2", "--quiet", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["sites"] and report["run"]["reference_process"]["pid"] > 0
 
 
 def test_concurrent_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
