@@ -15,7 +15,10 @@ pair was the least of 3 runs made before any traced one; before 2026-12-02 the w
 ``--profile FILE`` writes cProfile's top functions of a third run (profiled runs are not timed: the profiler
 slows Python-heavy code). ``bench/bench_p1_parts.py`` splits P1 into its layers. ``--goals`` measures some goals
 only (P5 reads P1's first traced run); ``--reference-memory`` is onset's (where the reference's records wait: P5 at
-a long prompt is measured with ``host``, as ``auto`` keeps them on the GPU while half of it is free).
+a long prompt is measured with ``host``, as ``auto`` keeps them on the GPU while half of it is free);
+``--concurrent`` runs the traced onsets with ``onset --concurrent`` (the reference in a process of its own, kept
+between onsets: the warm runs reuse it), timed from when both sides were ready, and says how long this process waited
+for the other's start-up beyond its own build.
 
 ``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
 timings — removed), so two commits can be checked for identical verdicts, statistics and onsets
