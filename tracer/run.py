@@ -72,7 +72,7 @@ class RunConfig:
     check_reference: bool = False  # also judge the reference against its own semantics
     max_ulp: int = 0
     reference_memory: str = "auto"  # where onset keeps the reference's records: device, host or auto
-    concurrent: bool = False  # onset: the reference runs in a process of its own while the candidate runs
+    concurrent: bool = False  # run_onset only: the reference runs in a process of its own while the candidate runs
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -568,9 +568,9 @@ def greedy(model: Any, input_ids: torch.Tensor, new_tokens: int,
     Returns the model's own argmax choice at every step ``[batch, new_tokens]``. With ``forced``
     (``[batch, >= new_tokens - 1]``), the *forced* token is fed back instead, so two paths see the
     same inputs at every step; a function of the step (``[batch, 1]``: the token to feed after that step) serves
-    tokens that arrive as the run goes (``ulptrace.concurrent``). ``mode`` picks the cache and graph mode (``MODES``); ``cache_len``
-    sizes a static cache (default: prompt + new tokens); pass a ``session`` to keep the decoding
-    state afterwards.
+    tokens that arrive as the run goes (``ulptrace.concurrent``). ``mode`` picks the cache and graph mode
+    (``MODES``); ``cache_len`` sizes a static cache (default: prompt + new tokens); pass a ``session`` to keep the
+    decoding state afterwards.
     """
     if new_tokens < 1:
         raise ValueError(f"new_tokens must be >= 1 (1 = the prefill only), but got {new_tokens}")

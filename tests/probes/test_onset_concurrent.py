@@ -109,6 +109,12 @@ def test_concurrent_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
         run_onset(RunConfig(concurrent=True, **SMALL), reference_dir=tmp_path)
     assert main(["onset", "--concurrent", "--tp", "2", "--no-oracle"]) == 2
     assert "--tp 2 runs one process per rank already" in capsys.readouterr().err
+    from contextlib import ExitStack
+
+    from ulptrace.probes.onset import record_pair
+
+    with ExitStack() as stack, pytest.raises(ValueError, match="concurrent=True is run_onset's"):
+        record_pair(RunConfig(concurrent=True, **SMALL), stack)
 
 
 def test_greedy_fed_by_a_function_feeds_what_a_tensor_feeds() -> None:
