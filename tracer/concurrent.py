@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import multiprocessing
 import os
 import queue as queue_module
 import time
@@ -53,7 +54,7 @@ class _Shipper:
         self.records: list[Record] = []
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
-        self.out.put(("metadata", metadata))
+        _put(self.out, ("metadata", metadata))
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -80,7 +81,7 @@ class _Shipper:
         metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
                  for r in self.records]
         self.records = []
-        self.out.put(("step", step, spec(token), arena, metas))
+        _put(self.out, ("step", step, spec(token), arena, metas))
 
 
 def _serve(commands: Any, out: Any) -> None:
@@ -88,9 +89,38 @@ def _serve(commands: Any, out: Any) -> None:
     dtype, device and seed (``_key``) and kept for the next run of the same (only one at a time)."""
     models: dict[tuple, Any] = {}
     runs = 0
-    while (cfg := commands.get()) is not None:
+    while (cfg := _get(commands)) is not None:
         runs += 1
         _reference_run(cfg, out, models, runs)
+
+
+class _Orphaned(SystemExit):
+    """The process that started this one is gone: nobody will read or send anything again."""
+
+
+def _parent_gone() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def _get(commands: Any) -> Any:
+    """The next configuration (None: stop), or ``_Orphaned`` once the parent is gone (killed, it cannot say so)."""
+    while True:
+        try:
+            return commands.get(timeout=POLL_S)
+        except queue_module.Empty:
+            if _parent_gone():
+                raise _Orphaned(0) from None
+
+
+def _put(out: Any, item: tuple) -> None:
+    """``out.put`` that gives up once the parent is gone (a full queue nobody reads would block for ever)."""
+    while True:
+        try:
+            return out.put(item, timeout=POLL_S)
+        except queue_module.Full:
+            if _parent_gone():
+                raise _Orphaned(0) from None
 
 
 def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> None:
@@ -139,10 +169,12 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
-        out.put(("done", tokens.cpu(), path_info, observation,
+        _put(out, ("done", tokens.cpu(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at}))
+    except _Orphaned:
+        raise
     except BaseException:  # noqa: BLE001 — shipped whole, raised in the parent
-        out.put(("error", traceback.format_exc()))
+        _put(out, ("error", traceback.format_exc()))
 
 
 def _key(cfg: Any) -> tuple:

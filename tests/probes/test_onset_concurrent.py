@@ -182,3 +182,37 @@ def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:
     assert a.inputs["x"] is b.inputs["x"]  # compared once (KnownPairs finds the pair by identity)
     assert (b.kind, b.layer) == ("linear", 1) and trace.forced_token(0).tolist() == [[7], [9]]
     assert trace.pop(("c", 0)) is None  # its step arrived whole: a record it does not hold is missing, not awaited
+
+
+def test_a_reference_process_whose_parent_is_killed_exits() -> None:
+    """A parent killed outright (no exit handlers) leaves its reference process blocked on a queue nobody will read
+    or write again; it notices its parent is gone and ends instead of lingering with its model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ("from ulptrace.concurrent import ReferenceProcess\n"
+            "from ulptrace.run import RunConfig\n"
+            "p = ReferenceProcess(RunConfig(model='tiny-llama', prompts=2, prompt_len=8, new_tokens=12)).__enter__()\n"
+            "print(p.pid, flush=True)\n"
+            "import time; time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":  # exited, not yet reaped by init
+            return
+        time.sleep(0.5)
+    os.kill(child, signal.SIGKILL)
+    pytest.fail("the reference process outlived its killed parent by two minutes")
