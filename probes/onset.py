@@ -22,19 +22,16 @@ from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.concurrent import ReferenceProcess
 from ulptrace.paths import apply_path
 from ulptrace.progress import Progress
-from ulptrace.record import MemorySink, Recorder, recording_collector
+from ulptrace.record import MemorySink, recording_collector
 from ulptrace.run import (
     RunConfig,
     build_pair,
     check_observation,
     check_run,
     first_flip,
-    greedy,
-    run_metadata,
+    record_generation,
     selected_sites,
-    selection_metadata,
 )
-from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
 
 
@@ -61,7 +58,6 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                              "drop one of them")
         return _run_concurrent(cfg, say, bar)
     ref_model, cand_model, prompts = build_pair(cfg)
-    steps = parse_range(cfg.steps)
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
                             "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
     with apply_path(ref_model, cfg.reference) as ref_applied:
@@ -74,7 +70,6 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
         final_ref: dict[int, torch.Tensor] = {}
-        meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
         sites = selected_sites(ref_model, cfg)
         bar.start(f"reference {cfg.reference}", cfg.new_tokens, len(sites))
 
@@ -83,10 +78,8 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
             bar.step(s + 1)
 
         try:
-            with Recorder(ref_model, sites=sites, steps=steps, sink=ref_sink,
-                          path=cfg.reference, metadata={**meta, "path_info": ref_applied.info}) as rec:
-                ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode,
-                                    cache_len=cfg.cache_len, on_logits=ref_step)
+            ref_tokens, rec = record_generation(ref_model, cfg, "reference", prompts, ref_applied.info, sink=ref_sink,
+                                                sites=sites, on_logits=ref_step)
         except BaseException:
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
@@ -162,7 +155,6 @@ def _record_candidate(cfg: RunConfig, model: Any, prompts: torch.Tensor, sink: S
     """The candidate's traced generation into the streaming comparison ``sink``, fed ``forced`` (the reference's
     tokens, or a function of the step serving them as they come): (its own greedy tokens, its final logits per
     step, its recorder's metadata)."""
-    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
     final: dict[int, torch.Tensor] = {}
     sites = selected_sites(model, cfg)
     bar.start(f"candidate {cfg.candidate}, {what}", cfg.new_tokens, len(sites))
@@ -171,10 +163,8 @@ def _record_candidate(cfg: RunConfig, model: Any, prompts: torch.Tensor, sink: S
         final[s] = logits.clone()
         bar.step(s + 1)
 
-    with Recorder(model, sites=sites, steps=parse_range(cfg.steps), sink=sink, path=cfg.candidate,
-                  metadata={**meta, "path_info": applied.info}) as rec:
-        tokens = greedy(model, prompts, cfg.new_tokens, forced=forced, mode=cfg.candidate_mode,
-                        cache_len=cfg.cache_len, on_logits=on_logits)
+    tokens, rec = record_generation(model, cfg, "candidate", prompts, applied.info, sink=sink, sites=sites,
+                                    forced=forced, on_logits=on_logits)
     bar.close()
     return tokens, final, rec.metadata
 
@@ -217,18 +207,11 @@ def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[s
         raise ValueError("record_pair keeps both traces in this process (its caller judges them); concurrent=True is "
                          "run_onset's, which streams the reference in: use run_onset, or leave concurrent off")
     ref_model, cand_model, prompts = build_pair(cfg)
-    steps = parse_range(cfg.steps)
     ref_applied = stack.enter_context(apply_path(ref_model, cfg.reference))
-    meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
-    with Recorder(ref_model, sites=selected_sites(ref_model, cfg), steps=steps, path=cfg.reference,
-                  metadata={**meta, "path_info": ref_applied.info}) as ref_rec:
-        ref_tokens = greedy(ref_model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len)
-    meta = {**run_metadata(cfg, prompts, cfg.candidate_mode), "selection": selection_metadata(cfg)}
+    ref_tokens, ref_rec = record_generation(ref_model, cfg, "reference", prompts, ref_applied.info)
     with apply_path(cand_model, cfg.candidate) as cand_applied:
-        with Recorder(cand_model, sites=selected_sites(cand_model, cfg), steps=steps, path=cfg.candidate,
-                      metadata={**meta, "path_info": cand_applied.info}) as cand_rec:
-            cand_tokens = greedy(cand_model, prompts, cfg.new_tokens, forced=ref_tokens, mode=cfg.candidate_mode,
-                                 cache_len=cfg.cache_len)
+        cand_tokens, cand_rec = record_generation(cand_model, cfg, "candidate", prompts, cand_applied.info,
+                                                  forced=ref_tokens)
         cand_rec.trace.metadata["path_info"] = cand_applied.info
     info = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
             "first_token_flip": first_flip(ref_tokens, cand_tokens)}

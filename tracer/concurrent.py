@@ -130,17 +130,7 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
-        from ulptrace.record import Recorder
-        from ulptrace.run import (
-            check_observation,
-            greedy,
-            make_prompts,
-            run_metadata,
-            selected_sites,
-            selection_metadata,
-            torch_dtype,
-        )
-        from ulptrace.sites import parse_range
+        from ulptrace.run import check_observation, make_prompts, record_generation, torch_dtype
 
         key = _key(cfg)
         if key not in models:
@@ -160,11 +150,8 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
             sink.ship(step, logits.argmax(-1, keepdim=True))
 
         with apply_path(model, cfg.reference) as applied:
-            meta = {**run_metadata(cfg, prompts, cfg.reference_mode), "selection": selection_metadata(cfg)}
-            with Recorder(model, sites=selected_sites(model, cfg), steps=parse_range(cfg.steps), sink=sink,
-                          path=cfg.reference, metadata={**meta, "path_info": applied.info}):
-                tokens = greedy(model, prompts, cfg.new_tokens, mode=cfg.reference_mode, cache_len=cfg.cache_len,
-                                on_logits=on_logits)
+            tokens, _ = record_generation(model, cfg, "reference", prompts, applied.info, sink=sink,
+                                          on_logits=on_logits)
             path_info = applied.info  # read after the run: a path may report what ran
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None

@@ -726,6 +726,27 @@ def run_metadata(cfg: RunConfig, prompts: torch.Tensor, mode: str) -> dict[str, 
     return meta
 
 
+def record_generation(model: Any, cfg: RunConfig, side: str, prompts: torch.Tensor, path_info: Any, *,
+                      sink: Any = None, sites: Sequence[Any] | None = None,
+                      forced: torch.Tensor | Callable[[int], torch.Tensor] | None = None,
+                      on_logits: Callable[[int, torch.Tensor], None] | None = None) -> tuple[torch.Tensor, Any]:
+    """``side``'s (``"reference"`` or ``"candidate"``: its path and mode) greedy generation of ``cfg`` recorded into
+    ``sink`` (default: in memory) — the selected sites (or ``sites``) at the selected steps, the run's metadata with
+    the path's report ``path_info`` — fed ``forced`` if given (``greedy``). Returns (the model's own greedy tokens,
+    the recorder, closed: its ``metadata``, its ``trace`` for the default sink). Every onset-style run records a side
+    this way (``ulptrace.probes.onset``, ``ulptrace.concurrent``)."""
+    from ulptrace.record import Recorder
+    from ulptrace.sites import parse_range
+
+    path, mode = (cfg.reference, cfg.reference_mode) if side == "reference" else (cfg.candidate, cfg.candidate_mode)
+    metadata = {**run_metadata(cfg, prompts, mode), "selection": selection_metadata(cfg), "path_info": path_info}
+    with Recorder(model, sites=selected_sites(model, cfg) if sites is None else sites, steps=parse_range(cfg.steps),
+                  sink=sink, path=path, metadata=metadata) as recorder:
+        tokens = greedy(model, prompts, cfg.new_tokens, forced=forced, mode=mode, cache_len=cfg.cache_len,
+                        on_logits=on_logits)
+    return tokens, recorder
+
+
 RUN_INPUTS = ("model", "seed", "prompts", "new_tokens")
 """Trace metadata that decides what a run was fed (with the tokens fed, ``fed_tokens``): two traces
 are comparable only when these agree. Path, mode, dtype and device are what a comparison compares."""
