@@ -184,7 +184,12 @@ class _Worker:
                                        name="ulptrace-reference")
         self.process.start()
 
-    def stop(self) -> None:
+    def stop(self, *, idle: bool = False) -> None:
+        """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
+        or past a failure is killed."""
+        if idle and self.process.is_alive():
+            self.commands.put(None)
+            self.process.join(timeout=5 * POLL_S)
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
@@ -210,7 +215,7 @@ def shutdown() -> None:
     """Stop the reference process kept for the next ``onset --concurrent`` (it holds its model's memory while it
     waits); also done when this process exits."""
     while _IDLE:
-        _IDLE.popitem()[1].stop()
+        _IDLE.popitem()[1].stop(idle=True)
 
 
 atexit.register(shutdown)
