@@ -29,6 +29,7 @@ import atexit
 import math
 import multiprocessing
 import os
+import pickle
 import queue as queue_module
 import time
 import traceback
@@ -160,8 +161,17 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at}))
     except _Orphaned:
         raise
-    except BaseException:  # noqa: BLE001 — shipped whole, raised in the parent
-        _put(out, ("error", traceback.format_exc()))
+    except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
+        _put(out, ("error", traceback.format_exc(), _pickled(exc)))
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """``exc`` pickled for the parent to raise as it is (a bad input's ``ValueError``, a user path's ``PathError``
+    with its frames), or None where it cannot be (checked here: a message the queue fails to pickle is lost)."""
+    try:
+        return pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 — any failure to pickle: the parent raises the traceback's text instead
+        return None
 
 
 def _key(cfg: Any) -> tuple:
@@ -221,6 +231,21 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def _remote_error(text: str, pickled: bytes | None) -> BaseException:
+    """What the reference process raised, to raise here: the exception itself where it came across (so bad input is
+    the same one-line error as without ``--concurrent``, a user path's failure the same ``PathError``), caused by
+    its traceback there; else that traceback as a ``RuntimeError``."""
+    where = RuntimeError(f"the reference run failed in its process:\n{text}")
+    try:
+        exc = pickle.loads(pickled) if pickled is not None else None
+    except Exception:  # noqa: BLE001 — an exception type this process cannot rebuild: its text serves
+        exc = None
+    if not isinstance(exc, Exception):
+        return where
+    exc.__cause__ = where
+    return exc
+
+
 class RemoteTrace:
     """The reference's records as they arrive from its process: what ``StreamingComparator`` reads of a reference
     (``metadata``, ``pop``, ``get``, ``keys``), each waiting for the step it needs. ``streaming``: its keys are known
@@ -235,7 +260,7 @@ class RemoteTrace:
         self._metadata: dict[str, Any] | None = None
         self.tokens: dict[int, torch.Tensor] = {}  # step -> the reference's token then (its step has arrived whole)
         self.done: tuple | None = None
-        self.failure: RuntimeError | None = None  # what went wrong there, raised again at any later read
+        self.failure: BaseException | None = None  # what went wrong there, raised again at any later read
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -262,7 +287,7 @@ class RemoteTrace:
         elif kind == "done":
             self.done = item[1:]
         else:
-            self.failure = RuntimeError(f"the reference run failed in its process:\n{item[1]}")
+            self.failure = _remote_error(*item[1:])
             raise self.failure
 
     def _unpack(self, step: int, token: tuple, arena: torch.Tensor, metas: list) -> None:

@@ -7,12 +7,14 @@ Each concurrent run starts a process (imports and a model build, a few seconds o
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 from ulptrace.cli import main
 from ulptrace.concurrent import ReferenceProcess, shutdown
 from ulptrace.models import build_model
+from ulptrace.paths import PathError
 from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig, greedy, make_prompts
 
@@ -82,10 +84,28 @@ def test_a_process_that_ran_the_users_own_reference_path_is_not_kept() -> None:
 
 
 def test_an_error_in_the_reference_process_is_raised_with_its_traceback() -> None:
+    """Raised here as it was raised there — a user path's failure the same ``PathError`` as without ``--concurrent``
+    — caused by its traceback in that process."""
     cfg = RunConfig(model="tiny-llama", reference="generation_candidates:raises_when_applied", oracle=False,
                     concurrent=True, **SMALL)
-    with pytest.raises(RuntimeError, match="(?s)reference run failed in its process.*planted failure while applying"):
+    with pytest.raises(PathError, match="planted failure while applying") as raised:
         run_onset(cfg)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert re.search("(?s)reference run failed in its process.*planted failure while applying",
+                     str(raised.value.__cause__))
+
+
+def test_bad_input_found_in_the_reference_process_is_one_line_and_exit_2(capsys) -> None:
+    """A selection that matches nothing, found where the reference's sites are selected: the same one-line error and
+    exit status as without ``--concurrent``, no traceback."""
+    argv = ["onset", "--no-oracle", "--model", "tiny-llama", "--prompts", "2", "--prompt-len", "8", "--new-tokens",
+            "2", "--sites", "nomatch*", "--quiet"]
+    assert main(argv) == 2
+    sequential = capsys.readouterr().err
+    assert main([*argv, "--concurrent"]) == 2
+    concurrent = capsys.readouterr().err
+    assert concurrent == sequential and "--sites 'nomatch*' matches no site" in concurrent
+    assert "Traceback" not in concurrent
 
 
 def test_a_reference_process_that_dies_is_reported_with_its_exit_code() -> None:
