@@ -136,8 +136,12 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
     if process is not None:
         ready = max(built_at[-1], process["built_at"])
         seconds = t1 - ready
+        start = process["start_up"]  # the reference process's start-up, from when it was started (first run)
         concurrent = {"waited_for_reference_s": max(0.0, process["built_at"] - built_at[-1]),
-                      "reference_peak_bytes": process["peak_gpu_bytes"] or 0}
+                      "reference_peak_bytes": process["peak_gpu_bytes"] or 0,
+                      "reference_start_up_s": {k.removesuffix("_at"): v - start["spawned_at"] for k, v in start.items()
+                                               if k != "spawned_at"},
+                      "candidate_built_s": built_at[-1] - start["spawned_at"]}
     if prof is not None:
         import io
         import pstats
@@ -279,14 +283,19 @@ def main() -> None:
         out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
                      "warm_onset_s": warm, "warm_ratio": warm / pair, "warm_ratio_paired": paired,
                      "warm_onset_all_s": warm_all, "untraced_pair_all_s": pair_all,
-                     "waited_for_reference_s": [process.get("waited_for_reference_s"), *waits]}
+                     "waited_for_reference_s": [process.get("waited_for_reference_s"), *waits],
+                     "reference_start_up_s": process.get("reference_start_up_s"),
+                     "candidate_built_s": process.get("candidate_built_s")}
         print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
               f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved; median of each warm run "
               f"over the untraced run after it {paired:.2f}x)" + (
                   "" if not args.concurrent else f"; concurrent: timed from when both sides were ready, this process "
                   f"waited {process['waited_for_reference_s']:.2f} s (cold) / "
-                  f"{max(waits):.2f} s (warm, at most) for the reference's beyond its own build"),
+                  f"{max(waits):.2f} s (warm, at most) for the reference's beyond its own build; from the reference "
+                  f"process's start: this side's candidate built at {process['candidate_built_s']:.2f} s, the "
+                  f"reference process's " + ", ".join(f"{k} {v:.2f} s" for k, v in
+                                                        process["reference_start_up_s"].items())),
               flush=True)
     if "P2" in goals:
         st = stats_bandwidth(args.device, args.stats_mib)

@@ -9,17 +9,19 @@ traced, took 0.92x the two untraced generations run one after the other. A proce
 start-up (imports, CUDA context, the model's build) and a cold first run: on the H200, 8 x 128 tokens, 16 steps,
 3.2x the untraced pair against 2.5x for the sequential onset, when every onset started its own (``bench/RESULTS.md``,
 tenth round). So a clean run's process is kept, with its model, for the next onset of the same model (a notebook's,
-a benchmark's, a test suite's); whether that reaches the 0.92x is not yet measured.
+a benchmark's, a test suite's): the next onset then took 1.38x (the sequential onset 2.40x the same hour; eleventh
+round).
 
 How: :class:`ReferenceProcess` hands the run to a reference process (spawned, or the one a clean run of the same model
 left, ``shutdown`` stops it) that builds the reference model once (same seed, so the same weights: the parameter
 checksums in both sides' metadata say so), applies the reference path and records its generation with a
-sink that ships each step's records when the step's logits are out: the step's tensors packed into one byte arena (one
-device copy, shared with this process through CUDA IPC or shared memory — per-tensor sharing costs more than the
-records), the records as offsets into it, and the token the reference chose. This process reads them as
+sink that ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the
+tensors packed into one byte arena (one device copy, shared with this process through CUDA IPC or shared memory —
+per-tensor sharing costs more than small records; a large one is shared as it is), the records as offsets into it,
+and, with the step's last part, the token the reference chose. This process reads them as
 :class:`RemoteTrace`, a reference the streaming comparison pops records from (waiting for a step that has not arrived),
-and feeds the candidate the reference's tokens as they come (``forced_token``). The queue holds a few steps
-(``AHEAD``), so the reference runs at most that far ahead and its records in flight stay bounded. An error in that
+and feeds the candidate the reference's tokens as they come (``forced_token``). The queue holds a few
+messages (``AHEAD``), so the reference runs at most that far ahead and its records in flight stay bounded. An error in that
 process is raised here with its traceback; a process that dies without a word is reported with its exit code.
 """
 
@@ -42,47 +44,72 @@ from ulptrace.trace import Record
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
 
-AHEAD = 4  # steps the reference may run ahead of the candidate (its records in flight)
+AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
+PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this size (a long prefill's do not wait whole)
 ALIGN = 16  # byte alignment of each tensor in a step's arena (any dtype's view of it is aligned)
 POLL_S = 1.0  # how often a wait for the reference checks that its process is still alive
 
 
 class _Shipper:
-    """The reference process's sink: a step's records are kept until its logits are out, then shipped at once."""
+    """The reference process's sink: records are kept until their step's logits are out or until they add up to
+    ``PART_BYTES``, then shipped at once (a long prompt's prefill in parts: what waits in either process is bounded
+    by the part size and ``AHEAD``, not by the step)."""
 
-    def __init__(self, out: Any) -> None:
+    def __init__(self, out: Any, part_bytes: int = 0) -> None:
         self.out = out
+        self.part_bytes = part_bytes or PART_BYTES
         self.records: list[Record] = []
+        self._bytes = 0
+        self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         _put(self.out, ("metadata", metadata))
 
     def add(self, record: Record) -> None:
         self.records.append(record)
+        for t in (record.out, *record.inputs.values()):
+            if id(t) not in self._seen:
+                self._seen.add(id(t))
+                self._bytes += t.numel() * t.element_size()
+        if self._bytes >= self.part_bytes:
+            self._send(record.step, None)
 
     def ship(self, step: int, token: torch.Tensor) -> None:
-        """The step's records (tensors packed into one arena) and the reference's token at ``step``."""
-        offsets: dict[int, tuple[int, str, tuple[int, ...]]] = {}  # id(tensor) -> (offset, dtype, shape)
+        """The step's records not yet shipped and the reference's token at ``step``: the step is whole there."""
+        self._send(step, token)
+
+    def _send(self, step: int, token: torch.Tensor | None) -> None:
+        """The records held (and ``token``, when the step ends) as arenas: a CUDA tensor of a quarter part or
+        more shared as it is (no copy), the rest packed into one arena (one device copy: per-tensor sharing costs
+        more than small records). A record's tensor is (arena, offset, dtype, shape)."""
+        offsets: dict[int, tuple[int, int, str, tuple[int, ...]]] = {}  # id(tensor) -> its spec
+        arenas: list[torch.Tensor] = []
         pieces: list[torch.Tensor] = []
         size = 0
-        for t in (token, *(t for record in self.records for t in (record.out, *record.inputs.values()))):
+        tensors = (t for record in self.records for t in (record.out, *record.inputs.values()))
+        for t in (*(() if token is None else (token,)), *tensors):
             if id(t) in offsets:
                 continue
             flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            dtype = str(t.dtype).removeprefix("torch.")
+            if flat.is_cuda and flat.numel() >= self.part_bytes // 4:
+                offsets[id(t)] = (len(arenas) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
+                arenas.append(flat)
+                continue
             pad = -size % ALIGN
             if pad:
                 pieces.append(flat.new_zeros(pad))
-            offsets[id(t)] = (size + pad, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            offsets[id(t)] = (0, size + pad, dtype, tuple(t.shape))
             pieces.append(flat)
             size += pad + flat.numel()
-        if token.is_cuda:  # free the arenas of earlier steps that the other process has released (else kept until
-            torch.cuda.ipc_collect()  # this process runs out of memory: its memory would grow over a run and after)
-        arena = torch.cat(pieces)  # one device copy (and no wait for the device: the token stays there too)
+        if any(p.is_cuda for p in (*pieces, *arenas)):  # free the arenas the other process has released (else kept
+            torch.cuda.ipc_collect()  # until this process runs out of memory: its memory would grow over a run)
+        packed = torch.cat(pieces) if pieces else None  # one device copy, no wait for the device
         spec = lambda t: offsets[id(t)]
         metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
                  for r in self.records]
-        self.records = []
-        _put(self.out, ("step", step, spec(token), arena, metas))
+        self.records, self._bytes, self._seen = [], 0, set()
+        _put(self.out, ("step", step, None if token is None else spec(token), [packed, *arenas], metas))
 
 
 def _serve(commands: Any, out: Any) -> None:
@@ -90,9 +117,10 @@ def _serve(commands: Any, out: Any) -> None:
     dtype, device and seed (``_key``) and kept for the next run of the same (only one at a time)."""
     models: dict[tuple, Any] = {}
     runs = 0
-    while (cfg := _get(commands)) is not None:
+    serving_at = time.perf_counter()  # this process's interpreter and imports (torch, this module) done
+    while (command := _get(commands)) is not None:
         runs += 1
-        _reference_run(cfg, out, models, runs)
+        _reference_run(*command, out, models, runs, serving_at)
 
 
 class _Orphaned(SystemExit):
@@ -124,10 +152,12 @@ def _put(out: Any, item: tuple) -> None:
                 raise _Orphaned(0) from None
 
 
-def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> None:
+def _reference_run(cfg: Any, part_bytes: int, out: Any, models: dict[tuple, Any], runs: int, serving_at: float
+                   ) -> None:
     """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
-    check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready). Any
-    error is shipped as its traceback (the parent then stops this process: its state is not trusted again)."""
+    check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
+    and when its model's build began and ended). Any error is shipped as its traceback (the parent then stops this
+    process: its state is not trusted again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
@@ -136,13 +166,20 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
         key = _key(cfg)
         if key not in models:
             models.clear()  # one model at a time: its memory is this process's only lasting cost
-            models[key] = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
-        model = models[key]
-        built_at = time.perf_counter()  # system-wide on Linux (CLOCK_MONOTONIC): comparable with the parent's clock
+            # when each part of the start-up ended (time.perf_counter: system-wide on Linux, CLOCK_MONOTONIC, so
+            # comparable with the parent's clock)
+            start = {"serving_at": serving_at, "imported_at": time.perf_counter()}
+            if torch.device(cfg.device).type == "cuda":
+                torch.empty(0, device=cfg.device)  # the CUDA context
+                start["context_at"] = time.perf_counter()
+            model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+            models[key] = model, {**start, "model_built_at": time.perf_counter()}
+        model, start = models[key]
+        built_at = time.perf_counter()
         if torch.device(cfg.device).type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-        sink = _Shipper(out)
+        sink = _Shipper(out, part_bytes)
         final: dict[int, torch.Tensor] = {}
 
         def on_logits(step: int, logits: torch.Tensor) -> None:
@@ -158,7 +195,8 @@ def _reference_run(cfg: Any, out: Any, models: dict[tuple, Any], runs: int) -> N
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
         _put(out, ("done", tokens.cpu(), path_info, observation,
-                 {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at}))
+                 {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
+                  "start_up": start}))
     except _Orphaned:
         raise
     except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
@@ -188,6 +226,7 @@ class _Worker:
 
     def __init__(self) -> None:
         context = torch.multiprocessing.get_context("spawn")
+        self.spawned_at = time.perf_counter()
         self.commands = context.Queue()
         self.messages = context.Queue(maxsize=AHEAD)
         self.process = context.Process(target=_serve, args=(self.commands, self.messages), daemon=True,
@@ -286,26 +325,28 @@ class RemoteTrace:
             self._unpack(*item[1:])
         elif kind == "done":
             self.done = item[1:]
+            self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
         else:
             self.failure = _remote_error(*item[1:])
             raise self.failure
 
-    def _unpack(self, step: int, token: tuple, arena: torch.Tensor, metas: list) -> None:
+    def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list) -> None:
         # one tensor per spec: records that shared a tensor share it again (an empty tensor's offset is the next one's)
-        views: dict[tuple[int, str, tuple[int, ...]], torch.Tensor] = {}
+        views: dict[tuple[int, int, str, tuple[int, ...]], torch.Tensor] = {}
 
-        def tensor(spec: tuple[int, str, tuple[int, ...]]) -> torch.Tensor:
+        def tensor(spec: tuple[int, int, str, tuple[int, ...]]) -> torch.Tensor:
             if spec not in views:
-                offset, dtype, shape = spec
+                arena, offset, dtype, shape = spec
                 dt = getattr(torch, dtype)
-                views[spec] = arena[offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
+                views[spec] = arenas[arena][offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
             return views[spec]
 
         for site, rstep, kind, layer, out, inputs in metas:
             record = Record(site, rstep, kind, layer, tensor(out), {role: tensor(s) for role, s in inputs.items()})
             self._records[record.key] = record
             self._order.append(record.key)
-        self.tokens[step] = tensor(token)
+        if token is not None:  # the step's last part
+            self.tokens[step] = tensor(token)
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -333,9 +374,11 @@ class RemoteTrace:
 
     def finish(self) -> tuple[torch.Tensor, Any, dict[str, Any] | None, dict[str, Any]]:
         """Wait for the reference to finish: (its tokens, its path's report, its observation check, about its
-        process: ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA) and
+        process: ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA),
         ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
-        process's, so a benchmark can time the run from when both sides were ready)."""
+        process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
+        process was started (``spawned_at``, this process's clock), had its imports (``serving_at``, then
+        ``imported_at``), its CUDA context (``context_at``, on CUDA) and its model (``model_built_at``))."""
         self.keys()
         return self.done  # type: ignore[return-value]
 
@@ -354,7 +397,7 @@ class ReferenceProcess:
 
     def __enter__(self) -> Self:
         self._worker = _take_worker(self.cfg)
-        self._worker.commands.put(self.cfg)
+        self._worker.commands.put((self.cfg, PART_BYTES))  # read here: a test may set a small part size
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
@@ -376,6 +419,11 @@ class ReferenceProcess:
                 _IDLE[_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
             else:
                 worker.stop()
+
+    @property
+    def spawned_at(self) -> float | None:
+        """When this process started the reference process (``time.perf_counter()``)."""
+        return None if self._worker is None else self._worker.spawned_at
 
     @property
     def pid(self) -> int | None:

@@ -50,6 +50,16 @@ def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
     assert "reference_process" in concurrent["run"]  # the reference's process reported back
 
 
+def test_a_step_shipped_in_parts_reports_what_the_sequential_onset_does(monkeypatch) -> None:
+    """A long prompt's prefill is shipped in parts (what waits in either process is bounded by the part size, not by
+    the step): with parts of one byte every record travels alone, and nothing changes in the report."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "PART_BYTES", 1)
+    sequential, concurrent_report = _both(model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    assert _essentials(concurrent_report) == _essentials(sequential)
+
+
 def test_concurrent_onset_with_the_oracle_finds_the_same_onset_and_verdicts() -> None:
     # a planted one-element fault at step 1: a record that differs, judged by the oracle, after equal records
     sequential, concurrent = _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2", check_observation=True)
@@ -164,6 +174,17 @@ def test_concurrent_onset_on_the_gpu_reports_what_the_sequential_one_does(fields
     assert concurrent["sites"] and concurrent["run"]["reference_process"]["peak_gpu_bytes"] > 0
 
 
+@pytest.mark.gpu
+def test_large_tensors_shared_as_they_are_on_the_gpu_report_the_same(monkeypatch, cuda_kernels) -> None:
+    """Parts of 1 KiB: a tensor of 256 bytes or more is shared through CUDA IPC as it is (no arena copy), the rest
+    packed; the report is the sequential onset's."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "PART_BYTES", 1024)
+    sequential, concurrent_report = _both(device="cuda", model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    assert _essentials(concurrent_report) == _essentials(sequential)
+
+
 def test_a_kept_model_of_a_local_checkpoint_is_not_reused_once_its_files_change(tmp_path) -> None:
     from ulptrace.concurrent import _key
 
@@ -202,6 +223,40 @@ def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:
     assert a.inputs["x"] is b.inputs["x"]  # compared once (KnownPairs finds the pair by identity)
     assert (b.kind, b.layer) == ("linear", 1) and trace.forced_token(0).tolist() == [[7], [9]]
     assert trace.pop(("c", 0)) is None  # its step arrived whole: a record it does not hold is missing, not awaited
+
+
+def test_a_step_in_parts_is_whole_only_with_its_last_part() -> None:
+    """Parts of a step (records past the part size shipped before the step ends): a record of a later part is
+    waited for, a record the step does not hold is missing only once the last part (with the token) has come."""
+    import queue
+
+    from ulptrace.concurrent import RemoteTrace, _Shipper
+    from ulptrace.trace import Record
+
+    messages: queue.Queue = queue.Queue()
+    shipper = _Shipper(messages, part_bytes=2 * 3 * 4)  # one float32 [2, 3] tensor makes a part
+    values = [torch.randn(2, 3) for _ in range(3)]
+    shipper.add(Record("a", 0, "norm", 0, values[0], {}))
+    shipper.add(Record("b", 0, "norm", 1, values[1], {"x": values[0]}))  # a tensor of the part before: sent again
+    assert messages.qsize() == 2 and not shipper.records
+    shipper.add(Record("c", 0, "linear", 1, values[2][:, :1], {}))  # under the part size: waits for the step's end
+    assert messages.qsize() == 2
+    shipper.ship(0, torch.tensor([[4], [5]]))
+
+    taken: list[str] = []
+
+    class Ends:
+        def next_message(self):
+            taken.append("message")
+            return messages.get_nowait()
+
+    trace = RemoteTrace(Ends())
+    assert torch.equal(trace.pop(("a", 0)).out, values[0]) and len(taken) == 1
+    b = trace.pop(("b", 0))
+    assert len(taken) == 2 and torch.equal(b.out, values[1]) and torch.equal(b.inputs["x"], values[0])
+    assert 0 not in trace.tokens  # the step is not whole yet
+    assert trace.pop(("z", 0)) is None and len(taken) == 3  # missing once the last part came
+    assert torch.equal(trace.pop(("c", 0)).out, values[2][:, :1]) and trace.forced_token(0).tolist() == [[4], [5]]
 
 
 def test_a_reference_process_whose_parent_is_killed_exits() -> None:
