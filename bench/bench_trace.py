@@ -81,6 +81,29 @@ def untraced_runner(cfg):
     return run
 
 
+def untraced_side_by_side_peak(cfg) -> int:
+    """Peak bytes of the untraced pair run as ``--concurrent`` runs it, each side in a process of its own, summed as
+    the concurrent onset's peaks are: both models, plus each side's run's own peak above them (measured one run
+    at a time here: the two processes' peaks, summed)."""
+    from ulptrace.paths import apply_path
+    from ulptrace.run import build_pair, greedy
+
+    ref, cand, prompts = build_pair(cfg)
+    with apply_path(ref, cfg.reference), apply_path(cand, cfg.candidate):
+        tokens = greedy(ref, prompts, cfg.new_tokens)  # warm-up, as untraced_runner's
+        greedy(cand, prompts, cfg.new_tokens, forced=tokens)
+        _sync(cfg.device)
+        base = torch.cuda.memory_allocated()  # both models (and the prompts)
+        above = []
+        for run in (lambda: greedy(ref, prompts, cfg.new_tokens),
+                    lambda: greedy(cand, prompts, cfg.new_tokens, forced=tokens)):
+            torch.cuda.reset_peak_memory_stats()
+            run()
+            _sync(cfg.device)
+            above.append(torch.cuda.max_memory_allocated() - base)
+    return base + sum(above)
+
+
 def untraced_pair(cfg, repeats: int = 3) -> float:
     """Seconds for the untraced pair (:func:`untraced_runner`): the least of ``repeats`` runs after the warm-up."""
     run = untraced_runner(cfg)
@@ -140,7 +163,8 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         concurrent = {"waited_for_reference_s": max(0.0, process["built_at"] - built_at[-1]),
                       "reference_peak_bytes": process["peak_gpu_bytes"] or 0,
                       "reference_start_up_s": {k.removesuffix("_at"): v - start["spawned_at"] for k, v in start.items()
-                                               if k != "spawned_at"},
+                                               if k.endswith("_at") and k != "spawned_at"},
+                      "reference_model_shipped": start.get("model_shipped"),
                       "candidate_built_s": built_at[-1] - start["spawned_at"]}
     if prof is not None:
         import io
@@ -315,9 +339,15 @@ def main() -> None:
         untraced_peak = torch.cuda.max_memory_allocated()
         out["P5"] = {"untraced_peak_bytes": untraced_peak, "onset_peak_bytes": peak,
                      "ratio": peak / untraced_peak}
+        side = ""
+        if args.concurrent:  # the same two runs side by side, untraced: what running at once costs before any tracing
+            torch.cuda.empty_cache()
+            both = untraced_side_by_side_peak(cfg)
+            out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both)
+            side = f"; untraced side by side {both / 2**30:.2f} GiB: {peak / both:.2f}x"
         print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference "
               f"{'in its own process (both peaks summed)' if args.concurrent else args.reference_memory}): onset "
-              f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x "
+              f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x{side} "
               f"(onset {seconds:.2f} s" + ("" if pair is None else f" vs untraced pair {pair:.2f} s") + ")", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

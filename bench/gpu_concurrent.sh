@@ -17,13 +17,23 @@ fi
 for i in $(seq ${CLI:-2}); do  # wall seconds of the whole command: imports, builds, both runs, the report
     for mode in sequential concurrent; do
         flag=$([ $mode = concurrent ] && echo --concurrent)
-        s=$( { time timeout 200 $ONSET $flag --json $OUT/cli_${mode}_$i.json > /dev/null 2> $OUT/cli_${mode}_$i.err; } 2>&1 )
+        s=$( { time timeout 200 $ONSET $flag --json /tmp/cli_${mode}_$i.json > /dev/null 2> /tmp/cli_${mode}_$i.err; } 2>&1 )
         echo "cli $mode $i: $s s" | tee -a $OUT/cli.log
     done
+    python3 - $i <<'PY' 2>&1 | tee -a $OUT/cli.log  # the two reports, less what says when and in which process
+import json, sys
+sys.path.insert(0, "bench")
+from bench_trace import _clean
+i = sys.argv[1]
+seq, conc = (_clean(json.load(open(f"/tmp/cli_{m}_{i}.json"))) for m in ("sequential", "concurrent"))
+print(f"cli {i}: the sequential and the concurrent report equal (less {'/'.join(__import__('bench_trace').VOLATILE)}):",
+      seq == conc, "| sites:", len(seq["sites"]))
+PY
 done
 if [ "${TRACE:-1}" != 0 ]; then
     timeout 240 python3 $BENCH --prompt-len 128 --goals P1 P5 --concurrent --json $OUT/bench_trace_concurrent.json \
-        --reports $OUT/reports_concurrent 2>&1 | grep "^P\|Error" | tee $OUT/bench_trace_concurrent.log
+        --reports /tmp/reports_concurrent 2>&1 | grep "^P\|Error" | tee $OUT/bench_trace_concurrent.log
+    sha256sum /tmp/reports_concurrent/*.json | tee -a $OUT/bench_trace_concurrent.log  # P1-no-oracle: 8e075445... at 3c98fdf
 fi
 if [ "${LONG:-0}" != 0 ]; then
     timeout 300 python3 $BENCH --prompt-len $LONG --goals P5 --concurrent --json $OUT/p5_${LONG}_concurrent.json \

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from ulptrace.comparison import bitwise_equal
-from ulptrace.models import build_model
+from ulptrace.models import build_model, twin
 from ulptrace.paths import apply_path, resolve_path
 from ulptrace.probes.divergence import (
     NEAR_TIE_RULE,
@@ -174,7 +174,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
             continue
         t0 = time.perf_counter()
         ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
-        cand_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
+        cand_model = twin(ref_model)
         timing["build_seconds"] += time.perf_counter() - t0
         prompts_all = make_prompts(ref_model.config.vocab_size, max(cfg.batches), run.prompt_len, seed, run.device)
         sites = selected_sites(ref_model, run, cfg.candidates)  # observable on every candidate path

@@ -115,7 +115,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
     """``_run_onset`` with the reference recorded in a process of its own while the candidate runs
     (``ulptrace.concurrent``): the same records compared the same way, the candidate fed the reference's tokens as
     they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
-    other builds the reference."""
+    other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it)."""
     check_run(cfg)  # before a process is started
     info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
                             "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
@@ -124,6 +124,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} in a process of its own "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         ref_model, cand_model, prompts = build_pair(cfg, reference=cfg.oracle)
+        remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
         judge = None
         if cfg.oracle:  # the reference's modules define the semantics to judge by, as in _run_onset
             from ulptrace.verdicts import OracleJudge

@@ -118,9 +118,16 @@ def _serve(commands: Any, out: Any) -> None:
     models: dict[tuple, Any] = {}
     runs = 0
     serving_at = time.perf_counter()  # this process's interpreter and imports (torch, this module) done
+    try:  # what a run needs, imported while the parent builds its model (not after it)
+        import transformers  # noqa: F401
+        import ulptrace.paths
+        import ulptrace.run  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 — the run imports them again and ships what fails
+        pass
+    imported_at = time.perf_counter()
     while (command := _get(commands)) is not None:
         runs += 1
-        _reference_run(*command, out, models, runs, serving_at)
+        _reference_run(*command, out, models, runs, (serving_at, imported_at))
 
 
 class _Orphaned(SystemExit):
@@ -152,12 +159,13 @@ def _put(out: Any, item: tuple) -> None:
                 raise _Orphaned(0) from None
 
 
-def _reference_run(cfg: Any, part_bytes: int, out: Any, models: dict[tuple, Any], runs: int, serving_at: float
-                   ) -> None:
+def _reference_run(cfg: Any, part_bytes: int, shipped: Any, out: Any, models: dict[tuple, Any], runs: int,
+                   started: tuple[float, float]) -> None:
     """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
     check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
-    and when its model's build began and ended). Any error is shipped as its traceback (the parent then stops this
-    process: its state is not trusted again)."""
+    and when the parts of its start-up ended). The model is ``shipped`` (the parent's twin of its candidate, its
+    memory shared) or, where none came, built here. Any error is shipped as its traceback (the parent then stops
+    this process: its state is not trusted again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
@@ -168,12 +176,15 @@ def _reference_run(cfg: Any, part_bytes: int, out: Any, models: dict[tuple, Any]
             models.clear()  # one model at a time: its memory is this process's only lasting cost
             # when each part of the start-up ended (time.perf_counter: system-wide on Linux, CLOCK_MONOTONIC, so
             # comparable with the parent's clock)
-            start = {"serving_at": serving_at, "imported_at": time.perf_counter()}
+            start = {"serving_at": started[0], "imported_at": started[1], "command_at": time.perf_counter()}
             if torch.device(cfg.device).type == "cuda":
                 torch.empty(0, device=cfg.device)  # the CUDA context
                 start["context_at"] = time.perf_counter()
-            model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
-            models[key] = model, {**start, "model_built_at": time.perf_counter()}
+            if shipped is None:
+                model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+            else:
+                model = shipped
+            models[key] = model, {**start, "model_at": time.perf_counter(), "model_shipped": shipped is not None}
         model, start = models[key]
         built_at = time.perf_counter()
         if torch.device(cfg.device).type == "cuda":
@@ -227,6 +238,8 @@ class _Worker:
     def __init__(self) -> None:
         context = torch.multiprocessing.get_context("spawn")
         self.spawned_at = time.perf_counter()
+        self.model_key: tuple | None = None  # whose model the process holds (sent or built there)
+        self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
         self.commands = context.Queue()
         self.messages = context.Queue(maxsize=AHEAD)
         self.process = context.Process(target=_serve, args=(self.commands, self.messages), daemon=True,
@@ -244,6 +257,7 @@ class _Worker:
         self.process.join()
         self.commands.close()
         self.messages.close()
+        self.shipped = None
 
 
 _IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, by its model's _key (at most one)
@@ -378,7 +392,8 @@ class RemoteTrace:
         ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
         process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
         process was started (``spawned_at``, this process's clock), had its imports (``serving_at``, then
-        ``imported_at``), its CUDA context (``context_at``, on CUDA) and its model (``model_built_at``))."""
+        ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
+        (``model_at``; ``model_shipped``: a twin sent by this process, else built there))."""
         self.keys()
         return self.done  # type: ignore[return-value]
 
@@ -394,11 +409,28 @@ class ReferenceProcess:
         self.cfg = cfg
         self.trace = RemoteTrace(self)
         self._worker: _Worker | None = None
+        self._started = False
 
     def __enter__(self) -> Self:
-        self._worker = _take_worker(self.cfg)
-        self._worker.commands.put((self.cfg, PART_BYTES))  # read here: a test may set a small part size
+        self._worker = _take_worker(self.cfg)  # a new one starts its imports now
         return self
+
+    def start(self, model: Any = None) -> None:
+        """Send the run. A process without ``cfg``'s model is sent a twin of ``model`` (this side's freshly built
+        model, before its path is applied: same model, dtype, device and seed), its memory shared through CUDA IPC
+        or shared memory — or, with ``model`` None, builds its own (drawing the weights again)."""
+        from ulptrace.models import twin
+
+        worker = self._worker
+        if worker is None:
+            raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
+        key = _key(self.cfg)
+        shipped = None
+        if worker.model_key != key:
+            shipped = twin(model) if model is not None else None
+            worker.model_key, worker.shipped = key, shipped
+        self._started = True
+        worker.commands.put((self.cfg, PART_BYTES, shipped))  # PART_BYTES read here: a test may set a small one
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker
@@ -440,6 +472,8 @@ class ReferenceProcess:
         worker = self._worker
         if worker is None:
             raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
+        if not self._started:
+            raise RuntimeError("the reference run was not started (ReferenceProcess.start)")
         while True:
             try:
                 return worker.messages.get(timeout=POLL_S)

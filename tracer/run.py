@@ -690,18 +690,18 @@ def paired_reference(reference: str, candidate: str) -> str:
 
 
 def build_pair(cfg: RunConfig, *, reference: bool = True) -> tuple[Any, Any, torch.Tensor]:
-    """Two copies of ``cfg.model`` (same seed: same weights) and the seeded prompts; ``reference=False``: the
-    candidate's only (the first is None; the reference is built where its side runs, ``ulptrace.concurrent``).
+    """Two copies of ``cfg.model`` (built once, the reference its ``twin``: the same weights as a second build, for a
+    device copy instead of seconds of drawing them) and the seeded prompts; ``reference=False``: the candidate's
+    only (the first is None: ``ulptrace.concurrent`` runs the reference elsewhere).
 
     Everything that can be checked without a model (paths, modes, dtype, device, ranges) is
     checked first (``check_run``), so bad input fails before minutes of model building.
     """
-    from ulptrace.models import build_model
+    from ulptrace.models import build_model, twin
 
     check_run(cfg)
-    dtype = torch_dtype(cfg.dtype)
-    ref_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed) if reference else None
-    cand_model = build_model(cfg.model, dtype=dtype, device=cfg.device, seed=cfg.seed)
+    cand_model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    ref_model = twin(cand_model) if reference else None
     prompts = make_prompts(cand_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     return ref_model, cand_model, prompts
 

@@ -85,6 +85,26 @@ def test_the_reference_process_is_kept_for_the_next_run_of_its_model() -> None:
     assert _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]["run_in_process"] == 1
 
 
+def test_a_new_process_is_sent_the_model_and_reports_what_one_building_its_own_does(monkeypatch) -> None:
+    """A new reference process gets a twin of this side's freshly built model (its memory shared) instead of drawing
+    the weights again; one that builds its own (no model sent) gives the same report, parameter checksums included."""
+    fields = {"model": "tiny-qwen3.5", "candidate": "kernels:fused", "oracle": False}
+    shutdown()
+    sequential, sent = _both(**fields)
+    assert sent["run"]["reference_process"]["start_up"]["model_shipped"] is True
+    shutdown()
+    start = ReferenceProcess.start
+    monkeypatch.setattr(ReferenceProcess, "start", lambda self, model=None: start(self))
+    built = _report(RunConfig(**SMALL, concurrent=True, **fields))
+    assert built["run"]["reference_process"]["start_up"]["model_shipped"] is False
+    assert _essentials(sent) == _essentials(built) == _essentials(sequential)
+    assert sent["reference"]["parameters"] == sequential["reference"]["parameters"] != {}
+    with ReferenceProcess(RunConfig(**SMALL, concurrent=True, **fields)) as process, \
+            pytest.raises(RuntimeError, match=r"not started \(ReferenceProcess.start\)"):
+        process.trace.metadata  # noqa: B018 — nothing was sent: reading it must not wait for ever
+    shutdown()
+
+
 def test_a_process_that_ran_the_users_own_reference_path_is_not_kept() -> None:
     """The kept process would run the path's code as it imported it, not as the user has edited it since."""
     cfg = {"model": "tiny-llama", "reference": "generation_candidates:glu_error_in_batches", "oracle": False}
@@ -121,6 +141,7 @@ def test_bad_input_found_in_the_reference_process_is_one_line_and_exit_2(capsys)
 def test_a_reference_process_that_dies_is_reported_with_its_exit_code() -> None:
     shutdown()  # a new process: still importing when it is killed
     with ReferenceProcess(RunConfig(model="tiny-llama", concurrent=True, **SMALL)) as process:
+        process.start()  # no model sent: it would build its own
         process.kill()
         with pytest.raises(RuntimeError, match=r"ended without finishing its run \(exit code -9\); if a script"):
             process.trace.metadata  # noqa: B018 — reading it waits for the process

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ulptrace.models import MODELS, build_model, list_models
+from ulptrace.models import MODELS, build_model, list_models, twin
 from ulptrace.run import greedy, make_prompts
 
 
@@ -23,6 +23,29 @@ def test_same_seed_same_weights_other_seed_differs() -> None:
     pa, pb, pc = dict(a.named_parameters()), dict(b.named_parameters()), dict(c.named_parameters())
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
     assert not all(torch.equal(pa[k], pc[k]) for k in pa)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
+def test_a_twin_is_a_second_build_without_drawing_again(name: str) -> None:
+    """build_pair builds once and copies: the copy must be what a second build gives — every parameter and buffer
+    bitwise, the same outputs, its own memory — and the random state after it the state after two builds."""
+    first = build_model(name, seed=5)
+    second = build_model(name, seed=5)
+    after_two = torch.get_rng_state()
+    built = build_model(name, seed=5)
+    copy = twin(built)
+    assert torch.equal(torch.get_rng_state(), after_two)
+    for (name_a, a), (name_b, b) in zip(second.state_dict().items(), copy.state_dict().items(), strict=True):
+        assert name_a == name_b and a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    assert all(torch.equal(a, b) for a, b in zip(dict(copy.named_buffers()).values(),
+                                                   dict(first.named_buffers()).values(), strict=True))
+    prompts = make_prompts(first.config.vocab_size, 2, 8, seed=0)
+    assert torch.equal(copy(prompts).logits, first(prompts).logits)
+    param = next(copy.parameters())
+    before = next(built.parameters()).clone()
+    param.data.add_(1)  # its own storage: the model it was copied from is untouched
+    assert torch.equal(next(built.parameters()), before)
+    assert copy.ulptrace_model_name == built.ulptrace_model_name and copy.ulptrace_seed == 5
 
 
 def test_parameters_have_realistic_spread() -> None:
