@@ -113,21 +113,38 @@ class _Shipper:
 
 
 def _serve(commands: Any, out: Any) -> None:
-    """The reference process: one run per configuration it is sent (None: stop), its model built once for a model,
-    dtype, device and seed (``_key``) and kept for the next run of the same (only one at a time)."""
+    """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
+    for the next run of the same model, dtype, device and seed (``_key``; one at a time). Asked to stop, it ends at
+    once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's teardown of torch
+    and CUDA would take a second or more of the parent's exit)."""
     models: dict[tuple, Any] = {}
     runs = 0
-    serving_at = time.perf_counter()  # this process's interpreter and imports (torch, this module) done
-    try:  # what a run needs, imported while the parent builds its model (not after it)
-        import transformers  # noqa: F401
+    serving_at = imported_at = time.perf_counter()  # this process's interpreter and imports (torch, this module)
+    while (command := _get(commands)) is not None:
+        if command[0] == "prepare":  # imported while the parent builds the model it will send (not after)
+            _prepare(command[1])
+            imported_at = time.perf_counter()
+            continue
+        runs += 1
+        _reference_run(*command[1:], out, models, runs, (serving_at, imported_at))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+def _prepare(cfg: Any) -> None:
+    """What a run of ``cfg`` needs before its model comes: the modules a run imports, the model's own (built on the
+    meta device: ``models.prepare``), the CUDA context. A failure here is left for the run to meet and report."""
+    try:
         import ulptrace.paths
         import ulptrace.run  # noqa: F401
-    except Exception:  # noqa: BLE001, S110 — the run imports them again and ships what fails
+        from ulptrace.models import prepare
+
+        prepare(cfg.model)
+        if torch.device(cfg.device).type == "cuda":
+            torch.empty(0, device=cfg.device)
+    except Exception:  # noqa: BLE001, S110 — the run does the same again and ships what fails
         pass
-    imported_at = time.perf_counter()
-    while (command := _get(commands)) is not None:
-        runs += 1
-        _reference_run(*command, out, models, runs, (serving_at, imported_at))
 
 
 class _Orphaned(SystemExit):
@@ -412,7 +429,9 @@ class ReferenceProcess:
         self._started = False
 
     def __enter__(self) -> Self:
-        self._worker = _take_worker(self.cfg)  # a new one starts its imports now
+        self._worker = _take_worker(self.cfg)
+        if self._worker.model_key != _key(self.cfg):  # a new process: its imports now, while this side builds
+            self._worker.commands.put(("prepare", self.cfg))
         return self
 
     def start(self, model: Any = None) -> None:
@@ -430,7 +449,7 @@ class ReferenceProcess:
             shipped = twin(model) if model is not None else None
             worker.model_key, worker.shipped = key, shipped
         self._started = True
-        worker.commands.put((self.cfg, PART_BYTES, shipped))  # PART_BYTES read here: a test may set a small one
+        worker.commands.put(("run", self.cfg, PART_BYTES, shipped))  # PART_BYTES read here: a test may set a small one
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -81,7 +82,12 @@ def test_the_reference_process_is_kept_for_the_next_run_of_its_model() -> None:
     other = _report(RunConfig(**SMALL, concurrent=True, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False))
     assert other["run"]["reference_process"]["pid"] != first["run"]["reference_process"]["pid"]
     assert other["run"]["reference_process"]["run_in_process"] == 1
-    shutdown()
+    from ulptrace.concurrent import _IDLE
+
+    (kept,) = _IDLE.values()
+    t0 = time.perf_counter()
+    shutdown()  # asked to stop, it ends at once and cleanly (not killed: exit code 0)
+    assert kept.process.exitcode == 0 and time.perf_counter() - t0 < 2.0 and not _IDLE
     assert _report(RunConfig(**SMALL, concurrent=True, **cfg))["run"]["reference_process"]["run_in_process"] == 1
 
 

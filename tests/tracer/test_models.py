@@ -48,6 +48,24 @@ def test_a_twin_is_a_second_build_without_drawing_again(name: str) -> None:
     assert copy.ulptrace_model_name == built.ulptrace_model_name and copy.ulptrace_seed == 5
 
 
+def test_prepare_imports_what_a_build_needs_and_builds_nothing() -> None:
+    """A process handed its model prepares by importing the model's modules (most of a first build's time); in a
+    fresh interpreter: the model's modeling module imported, an unknown name refused as build_model refuses it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from ulptrace.models import prepare\n"
+            "name = 'transformers.models.llama.modeling_llama'\n"
+            "assert name not in sys.modules\n"
+            "prepare('tiny-llama')\n"
+            "assert name in sys.modules\n"
+            "try:\n    prepare('no-such-model')\nexcept KeyError as e:\n    print('refused', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "refused" in done.stdout and "tiny-llama" in done.stdout  # the error lists the known names
+
+
 def test_parameters_have_realistic_spread() -> None:
     model = build_model("tiny-qwen3.5")
     assert model.dtype == torch.bfloat16
