@@ -343,7 +343,8 @@ def main() -> None:
         if args.concurrent:  # the same two runs side by side, untraced: what running at once costs before any tracing
             torch.cuda.empty_cache()
             both = untraced_side_by_side_peak(cfg)
-            out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both)
+            out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both,
+                             reference_process_peak_bytes=process["reference_peak_bytes"])  # the rest: this process's
             side = f"; untraced side by side {both / 2**30:.2f} GiB: {peak / both:.2f}x"
         print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference "
               f"{'in its own process (both peaks summed)' if args.concurrent else args.reference_memory}): onset "

@@ -678,9 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "within half of it, host memory after; CPU runs: in place)")
     p.add_argument("--concurrent", action="store_true",
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
-                        "step by step, the candidate fed its tokens as they come): the same report; the two sides run "
-                        "at once, but the new process's start-up and cold first run are paid on every onset (a gain "
-                        "only for long runs on a GPU; README)")
+                        "as they are made, the candidate fed its tokens as they come): the same report; the two sides "
+                        "run at once. A command pays the process's start-up and cold first run (no faster on its own); "
+                        "the gain is for several onsets in one Python process, which keeps it (README)")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="the candidate is the model sharded over N processes with transformers' tensor-parallel "

@@ -13,8 +13,9 @@ a benchmark's, a test suite's): the next onset then took 1.38x (the sequential o
 round).
 
 How: :class:`ReferenceProcess` hands the run to a reference process (spawned, or the one a clean run of the same model
-left, ``shutdown`` stops it) that builds the reference model once (same seed, so the same weights: the parameter
-checksums in both sides' metadata say so), applies the reference path and records its generation with a
+left, ``shutdown`` stops it). A new one imports what building the model needs while this side builds it, then is
+sent a twin of this side's fresh model (``start``; its memory shared, the weights not drawn again: the parameter
+checksums in both sides' metadata say they are the same), applies the reference path and records its generation with a
 sink that ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the
 tensors packed into one byte arena (one device copy, shared with this process through CUDA IPC or shared memory —
 per-tensor sharing costs more than small records; a large one is shared as it is), the records as offsets into it,
