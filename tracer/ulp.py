@@ -24,6 +24,7 @@ the bit patterns (no Python loops over elements):
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import struct
@@ -790,6 +791,10 @@ class StatsBatch:
         self.max_records, self.max_bytes = max_records, max_bytes
         self._pairs: list[tuple[torch.Tensor, torch.Tensor, FloatFormat, PendingStats]] = []
         self._bytes = 0
+        # launched pairs, held until the device has read them (an event each launch): memory another process shares
+        # through CUDA IPC (onset --concurrent's reference) goes back to it when the last tensor here is dropped — a
+        # count on the host, not this stream's order — and it may write there at once
+        self._reading: collections.deque[tuple[torch.cuda.Event, list]] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._pairs)
@@ -823,6 +828,12 @@ class StatsBatch:
         for (fmt, _), group in groups.items():
             for start in range(0, len(group), _ulp_triton.MAX_RECORDS):
                 _ulp_triton.launch_records(group[start:start + _ulp_triton.MAX_RECORDS], fmt, slab)
+        if slab.is_cuda:  # (the Triton interpreter reads host memory at once)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(slab.device))
+            self._reading.append((event, pairs))
+            while self._reading and self._reading[0][0].query():  # read: released
+                self._reading.popleft()
 
 
 # boundaries of the row codes: 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" (torch.bucketize:

@@ -251,6 +251,31 @@ def test_batched_cuda_stats_equal_the_reference_definitions() -> None:
 
 
 @pytest.mark.gpu
+def test_a_batch_holds_what_it_launched_until_the_device_has_read_it() -> None:
+    """Memory another process shares (CUDA IPC: onset --concurrent's reference) goes back to it when this process
+    drops its last tensor, whatever this stream still has to do: a launched pair is held until an event after its
+    kernel has completed. The stream kept busy, the pair outlives the caller's references; done, it is released."""
+    import gc
+    import weakref
+
+    a, b = torch.randn(64, 512, device="cuda").bfloat16(), torch.randn(64, 512, device="cuda").bfloat16()
+    expected = _expected(a.cpu(), b.cpu())
+    held = weakref.ref(a)
+    batch = U.StatsBatch()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning ahead of the launch on this stream
+    pending = pending_stats(a, b, batch=batch)
+    batch.launch()
+    del a, b
+    gc.collect()
+    assert held() is not None, "released while its statistics were still queued behind other work"
+    assert tuple(resolve_stats([pending])[0]) == expected
+    pending_stats(torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda"), batch=batch)
+    batch.launch()  # a later launch releases what the device has read
+    gc.collect()
+    assert held() is None
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
 def test_fused_cuda_record_stats_equal_the_reference_definitions(dtype) -> None:
     from ulptrace import _ulp_triton
