@@ -19,7 +19,10 @@ checksums in both sides' metadata say they are the same), applies the reference 
 sink that ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the
 tensors packed into one byte arena (one device copy, shared with this process through CUDA IPC or shared memory —
 per-tensor sharing costs more than small records; a large one is shared as it is), the records as offsets into it,
-and, with the step's last part, the token the reference chose. This process reads them as
+and, with the step's last part, the token the reference chose. A value of ``LIVE_BYTES`` or more (a long prompt's
+logits) reaches that sink uncopied, as the model left it: it is shipped at once and the reference waits until this
+process has read it (or, not taken yet, copied it) and says so — so a long prefill's logits are not copied there.
+This process reads them as
 :class:`RemoteTrace`, a reference the streaming comparison pops records from (waiting for a step that has not arrived),
 and feeds the candidate the reference's tokens as they come (``forced_token``). The queue holds a few
 messages (``AHEAD``), so the reference runs at most that far ahead and its records in flight stay bounded. An error in that
@@ -47,6 +50,9 @@ if TYPE_CHECKING:
 
 AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
 PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this size (a long prefill's do not wait whole)
+# values this large are handed to the reference's sink uncopied (Sink.live_bytes: a long prompt's logits, gigabytes):
+# the reference then waits in its sink's add until this side has read the value (or copied it) and says so
+LIVE_BYTES = 1 << 30
 ALIGN = 16  # byte alignment of each tensor in a step's arena (any dtype's view of it is aligned)
 POLL_S = 1.0  # how often a wait for the reference checks that its process is still alive
 
@@ -56,9 +62,12 @@ class _Shipper:
     ``PART_BYTES``, then shipped at once (a long prompt's prefill in parts: what waits in either process is bounded
     by the part size and ``AHEAD``, not by the step)."""
 
-    def __init__(self, out: Any, part_bytes: int = 0) -> None:
+    def __init__(self, out: Any, part_bytes: int = 0, live_bytes: int = 0, acks: Any = None) -> None:
         self.out = out
         self.part_bytes = part_bytes or PART_BYTES
+        self.acks = acks  # where the other side says it has read a live value (None: every value is copied)
+        if acks is not None:
+            self.live_bytes = live_bytes or LIVE_BYTES  # Sink.live_bytes, read by the recorder
         self.records: list[Record] = []
         self._bytes = 0
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
@@ -72,17 +81,22 @@ class _Shipper:
             if id(t) not in self._seen:
                 self._seen.add(id(t))
                 self._bytes += t.numel() * t.element_size()
-        if self._bytes >= self.part_bytes:
+        live = self.acks is not None and any(t.nbytes >= self.live_bytes for t in (record.out, *record.inputs.values()))
+        if live:  # possibly the model's own value: shipped now, and not left to the model until it has been read
+            self._send(record.step, None, record.key)
+            _get(self.acks)
+        elif self._bytes >= self.part_bytes:
             self._send(record.step, None)
 
     def ship(self, step: int, token: torch.Tensor) -> None:
         """The step's records not yet shipped and the reference's token at ``step``: the step is whole there."""
         self._send(step, token)
 
-    def _send(self, step: int, token: torch.Tensor | None) -> None:
+    def _send(self, step: int, token: torch.Tensor | None, live: tuple[str, int] | None = None) -> None:
         """The records held (and ``token``, when the step ends) as arenas: a CUDA tensor of a quarter part or
         more shared as it is (no copy), the rest packed into one arena (one device copy: per-tensor sharing costs
-        more than small records). A record's tensor is (arena, offset, dtype, shape)."""
+        more than small records). A record's tensor is (arena, offset, dtype, shape); ``live``: the key of the last
+        record, whose value the other side must read (or copy) and acknowledge."""
         offsets: dict[int, tuple[int, int, str, tuple[int, ...]]] = {}  # id(tensor) -> its spec
         arenas: list[torch.Tensor] = []
         pieces: list[torch.Tensor] = []
@@ -110,10 +124,10 @@ class _Shipper:
         metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
                  for r in self.records]
         self.records, self._bytes, self._seen = [], 0, set()
-        _put(self.out, ("step", step, None if token is None else spec(token), [packed, *arenas], metas))
+        _put(self.out, ("step", step, None if token is None else spec(token), [packed, *arenas], metas, live))
 
 
-def _serve(commands: Any, out: Any) -> None:
+def _serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``_key``; one at a time). Asked to stop, it ends at
     once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's teardown of torch
@@ -127,7 +141,7 @@ def _serve(commands: Any, out: Any) -> None:
             imported_at = time.perf_counter()
             continue
         runs += 1
-        _reference_run(*command[1:], out, models, runs, (serving_at, imported_at))
+        _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at))
     out.close()
     out.join_thread()
     os._exit(0)
@@ -177,8 +191,8 @@ def _put(out: Any, item: tuple) -> None:
                 raise _Orphaned(0) from None
 
 
-def _reference_run(cfg: Any, part_bytes: int, shipped: Any, out: Any, models: dict[tuple, Any], runs: int,
-                   started: tuple[float, float]) -> None:
+def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out: Any, acks: Any,
+                   models: dict[tuple, Any], runs: int, started: tuple[float, float]) -> None:
     """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
     check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
     and when the parts of its start-up ended). The model is ``shipped`` (the parent's twin of its candidate, its
@@ -208,7 +222,7 @@ def _reference_run(cfg: Any, part_bytes: int, shipped: Any, out: Any, models: di
         if torch.device(cfg.device).type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-        sink = _Shipper(out, part_bytes)
+        sink = _Shipper(out, part_bytes, live_bytes, acks)
         final: dict[int, torch.Tensor] = {}
 
         def on_logits(step: int, logits: torch.Tensor) -> None:
@@ -260,7 +274,8 @@ class _Worker:
         self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
         self.commands = context.Queue()
         self.messages = context.Queue(maxsize=AHEAD)
-        self.process = context.Process(target=_serve, args=(self.commands, self.messages), daemon=True,
+        self.acks = context.Queue()  # this side has read a live value (Sink.live_bytes) the reference waits on
+        self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
                                        name="ulptrace-reference")
         self.process.start()
 
@@ -275,6 +290,7 @@ class _Worker:
         self.process.join()
         self.commands.close()
         self.messages.close()
+        self.acks.close()
         self.shipped = None
 
 
@@ -332,6 +348,10 @@ class RemoteTrace:
         self.tokens: dict[int, torch.Tensor] = {}  # step -> the reference's token then (its step has arrived whole)
         self.done: tuple | None = None
         self.failure: BaseException | None = None  # what went wrong there, raised again at any later read
+        # live records (a value the reference's model may still hold, Sink.live_bytes; the reference waits until
+        # this side says it has read it): still here, and handed out (read once the caller's work has run)
+        self._unread: set[tuple[str, int]] = set()
+        self._handed: list[tuple[str, int]] = []
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -341,6 +361,7 @@ class RemoteTrace:
 
     def _receive(self) -> None:
         """Take the next message of the reference process (waiting for it), or raise what went wrong there."""
+        self._release_live()
         if self.done is not None:
             raise RuntimeError("the reference process has finished: nothing more will arrive")
         if self.failure is not None:
@@ -362,7 +383,8 @@ class RemoteTrace:
             self.failure = _remote_error(*item[1:])
             raise self.failure
 
-    def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list) -> None:
+    def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list,
+                live: tuple[str, int] | None) -> None:
         # one tensor per spec: records that shared a tensor share it again (an empty tensor's offset is the next one's)
         views: dict[tuple[int, int, str, tuple[int, ...]], torch.Tensor] = {}
 
@@ -379,6 +401,25 @@ class RemoteTrace:
             self._order.append(record.key)
         if token is not None:  # the step's last part
             self.tokens[step] = tensor(token)
+        if live is not None:
+            self._unread.add(tuple(live))
+
+    def _release_live(self) -> None:
+        """Tell the reference it may go on with the live values it waits on: before this side waits for anything
+        more from it (it sends nothing until then). A value handed out has been read by now (what the caller did
+        with it is enqueued; the device is waited for); one not taken yet is copied here first."""
+        if not (self._unread or self._handed):
+            return
+        for key in self._unread:
+            if key in self._records:
+                self._records[key] = _own(self._records[key])
+        records = [*self._unread, *self._handed]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the reads (and the copies) done before the memory goes back
+        self._unread.clear()
+        self._handed.clear()
+        for _ in records:
+            self._owner.ack()
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -386,10 +427,17 @@ class RemoteTrace:
 
     def pop(self, key: tuple[str, int]) -> Record | None:
         self._until(key)
+        if key in self._unread:
+            self._unread.discard(key)
+            self._handed.append(key)
         return self._records.pop(key, None)
 
     def get(self, key: tuple[str, int]) -> Record | None:
         self._until(key)
+        if key in self._unread:  # kept here after the call: a copy of its own
+            self._records[key] = _own(self._records[key])
+            self._unread.discard(key)
+            self._handed.append(key)
         return self._records.get(key)
 
     def keys(self) -> list[tuple[str, int]]:
@@ -414,6 +462,14 @@ class RemoteTrace:
         (``model_at``; ``model_shipped``: a twin sent by this process, else built there))."""
         self.keys()
         return self.done  # type: ignore[return-value]
+
+
+def _own(record: Record) -> Record:
+    """``record`` with tensors of this process's own (a live value's memory goes back to the reference)."""
+    copies: dict[int, torch.Tensor] = {}
+    own = lambda t: copies.setdefault(id(t), t.clone())
+    return Record(record.site, record.step, record.kind, record.layer, own(record.out),
+                  {role: own(t) for role, t in record.inputs.items()})
 
 
 class ReferenceProcess:
@@ -450,7 +506,8 @@ class ReferenceProcess:
             shipped = twin(model) if model is not None else None
             worker.model_key, worker.shipped = key, shipped
         self._started = True
-        worker.commands.put(("run", self.cfg, PART_BYTES, shipped))  # PART_BYTES read here: a test may set a small one
+        # PART_BYTES and LIVE_BYTES read here: a test may set small ones
+        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped))
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker
@@ -481,6 +538,11 @@ class ReferenceProcess:
     def pid(self) -> int | None:
         """The reference process's id (while the run is open)."""
         return None if self._worker is None else self._worker.process.pid
+
+    def ack(self) -> None:
+        """Tell the reference process this side has read a live value it waits on."""
+        if self._worker is not None:
+            self._worker.acks.put(True)
 
     def kill(self) -> None:
         """Kill the reference process now (what a crash does; tests)."""

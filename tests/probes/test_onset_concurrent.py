@@ -202,6 +202,17 @@ def test_concurrent_onset_on_the_gpu_reports_what_the_sequential_one_does(fields
 
 
 @pytest.mark.gpu
+def test_live_values_through_cuda_ipc_report_the_same(monkeypatch, cuda_kernels) -> None:
+    """Values of 64 KiB or more handed over live on the GPU (the model's own memory, shared through CUDA IPC; the
+    reference waits until this side's statistics have read them): the sequential onset's report, no deadlock."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "LIVE_BYTES", 64 << 10)
+    sequential, concurrent_report = _both(device="cuda", model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    assert _essentials(concurrent_report) == _essentials(sequential)
+
+
+@pytest.mark.gpu
 def test_large_tensors_shared_as_they_are_on_the_gpu_report_the_same(monkeypatch, cuda_kernels) -> None:
     """Parts of 1 KiB: a tensor of 256 bytes or more is shared through CUDA IPC as it is (no arena copy), the rest
     packed; the report is the sequential onset's."""
@@ -284,6 +295,68 @@ def test_a_step_in_parts_is_whole_only_with_its_last_part() -> None:
     assert 0 not in trace.tokens  # the step is not whole yet
     assert trace.pop(("z", 0)) is None and len(taken) == 3  # missing once the last part came
     assert torch.equal(trace.pop(("c", 0)).out, values[2][:, :1]) and trace.forced_token(0).tolist() == [[4], [5]]
+
+
+def test_live_values_are_read_or_copied_before_the_reference_may_go_on() -> None:
+    """A value of ``LIVE_BYTES`` or more reaches the reference's sink uncopied (it may be the model's own): the
+    reference ships it at once and waits for this side to say it has read it — after the record was handed out and
+    this side next waits for the reference, or, if it was not taken, after a copy of it was made here."""
+    import queue
+
+    from ulptrace.concurrent import RemoteTrace, _Shipper
+    from ulptrace.trace import Record
+
+    messages: queue.Queue = queue.Queue()
+    acks: queue.Queue = queue.Queue()
+    acks.put(True)  # what this side will have said (the sink waits for it)
+    shipper = _Shipper(messages, part_bytes=1 << 20, live_bytes=64, acks=acks)
+    small, big = torch.randn(2, 3), torch.randn(4, 8)  # 24 and 128 bytes
+    shipper.add(Record("a", 0, "norm", 0, small, {}))
+    assert messages.empty()  # under the part size: held
+    shipper.add(Record("logits", 0, "logits", 1, big, {}))
+    assert messages.qsize() == 1 and acks.empty()  # shipped at once with what was held, and the ack taken
+    shipper.ship(0, torch.tensor([[1], [2]]))
+    said: list[bool] = []
+
+    class Ends:
+        def next_message(self):
+            return messages.get_nowait()
+
+        def ack(self):
+            said.append(True)
+
+    trace = RemoteTrace(Ends())
+    assert torch.equal(trace.pop(("a", 0)).out, small) and not said
+    logits = trace.pop(("logits", 0))
+    assert torch.equal(logits.out, big) and not said  # handed out: read by the caller's work
+    assert trace.forced_token(0).tolist() == [[1], [2]] and said == [True]  # said before waiting for more
+
+    messages, said = queue.Queue(), []  # the live record not taken before this side waits: copied, then said
+    acks.put(True)
+    shipper = _Shipper(messages, part_bytes=1 << 20, live_bytes=64, acks=acks)
+    shipper.add(Record("a", 0, "norm", 0, small, {}))
+    shipper.add(Record("logits", 0, "logits", 1, big, {}))
+    shipper.ship(0, torch.tensor([[3], [4]]))
+    trace = RemoteTrace(Ends())
+    assert trace.pop(("elsewhere", 0)) is None and said == [True]  # waited for the step's end: said first
+    kept = trace.pop(("logits", 0)).out
+    assert torch.equal(kept, big) and kept.untyped_storage().nbytes() == big.nbytes  # its own memory, not the arena's
+    assert trace.pop(("a", 0)).out.untyped_storage().nbytes() > small.nbytes  # (the arena: both records)
+
+
+def test_a_concurrent_onset_with_live_values_reports_what_the_sequential_one_does(monkeypatch) -> None:
+    """Every value of 256 bytes or more handed over live (the reference waits on each until it is read here): the
+    report is the sequential onset's, and nothing deadlocks."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "LIVE_BYTES", 256)
+    said = []
+    ack = ReferenceProcess.ack
+    monkeypatch.setattr(ReferenceProcess, "ack", lambda self: (said.append(True), ack(self)))
+    sequential, concurrent_report = _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2")
+    assert _essentials(concurrent_report) == _essentials(sequential)
+    assert concurrent_report["onset"] is not None
+    assert len(said) > 10  # values were handed over live, and each waited on
 
 
 def test_a_reference_process_whose_parent_is_killed_exits() -> None:
