@@ -38,6 +38,30 @@ def _essentials(data: object) -> object:
     return data
 
 
+def _within(seconds: float, run):
+    """``run()``'s result, or a failure after ``seconds`` (a deadlock between the two processes fails the test
+    instead of hanging the suite: the run is left in a daemon thread)."""
+    import threading
+
+    result: list = []
+
+    def target() -> None:
+        try:
+            result.append((True, run()))
+        except BaseException as exc:  # noqa: BLE001 — raised again in the test's thread
+            result.append((False, exc))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not result:
+        pytest.fail(f"no result within {seconds} s (the two processes wait for each other?)")
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _both(**fields) -> tuple[dict, dict]:
     sequential = _report(RunConfig(**SMALL, **fields))
     concurrent = _report(RunConfig(**SMALL, concurrent=True, **fields))
@@ -353,7 +377,7 @@ def test_a_concurrent_onset_with_live_values_reports_what_the_sequential_one_doe
     said = []
     ack = ReferenceProcess.ack
     monkeypatch.setattr(ReferenceProcess, "ack", lambda self: (said.append(True), ack(self)))
-    sequential, concurrent_report = _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2")
+    sequential, concurrent_report = _within(120, lambda: _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2"))
     assert _essentials(concurrent_report) == _essentials(sequential)
     assert concurrent_report["onset"] is not None
     assert len(said) > 10  # values were handed over live, and each waited on
