@@ -94,7 +94,7 @@ class _Shipper:
 
     def _send(self, step: int, token: torch.Tensor | None, live: tuple[str, int] | None = None) -> None:
         """The records held (and ``token``, when the step ends) as arenas: a CUDA tensor of a quarter part or
-        more shared as it is (no copy), the rest packed into one arena (one device copy: per-tensor sharing costs
+        more, or a live one, shared as it is (no copy), the rest packed into one arena (one device copy: per-tensor sharing costs
         more than small records). A record's tensor is (arena, offset, dtype, shape); ``live``: the key of the last
         record, whose value the other side must read (or copy) and acknowledge."""
         offsets: dict[int, tuple[int, int, str, tuple[int, ...]]] = {}  # id(tensor) -> its spec
@@ -107,7 +107,7 @@ class _Shipper:
                 continue
             flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
             dtype = str(t.dtype).removeprefix("torch.")
-            if flat.is_cuda and flat.numel() >= self.part_bytes // 4:
+            if flat.is_cuda and flat.numel() >= min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)):
                 offsets[id(t)] = (len(arenas) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
                 arenas.append(flat)
                 continue
