@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call for `onset --concurrent` (issue 11, P1 and P5): install, build the kernels, its GPU tests (TESTS=none:
+# One device call for `onset --concurrent` (issue 11, P1 and P5): install, build the kernels, its GPU tests and the
+# statistics batch's (TESTS=none:
 # none), the CLI's whole onset end to end — sequential and --concurrent, alternating, CLI=N rounds (default 2; 0:
 # none), each a fresh process as a user runs it —, bench_trace.py's P1 and P5 with --concurrent at 8 x 128
 # (TRACE=0: skipped) and P5 with --concurrent at LONG prompt tokens (default 0: skipped). Logs and JSON under $OUT.
@@ -11,7 +12,7 @@ ONSET="ulptrace onset --model qwen3.5-0.8b --device cuda --candidate kernels:fus
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
 if [ "${TESTS:-}" != none ]; then
-    timeout 200 python3 -m pytest -m gpu ${TESTS:-tests/probes/test_onset_concurrent.py} -q -p no:cacheprovider -rf \
+    timeout 200 python3 -m pytest -m gpu ${TESTS:-tests/probes/test_onset_concurrent.py tests/tracer/test_record_stats.py} -q -p no:cacheprovider -rf \
         --tb=short 2>&1 | tee $OUT/gpu_tests.log | tail -4
 fi
 for i in $(seq ${CLI:-2}); do  # wall seconds of the whole command: imports, builds, both runs, the report
