@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call for `onset --concurrent` (issue 11, P1 and P5): install, build the kernels, its GPU tests and the
-# statistics batch's (TESTS=none:
-# none), the CLI's whole onset end to end — sequential and --concurrent, alternating, CLI=N rounds (default 2; 0:
-# none), each a fresh process as a user runs it —, bench_trace.py's P1 and P5 with --concurrent at 8 x 128
-# (TRACE=0: skipped) and P5 with --concurrent at LONG prompt tokens (default 0: skipped). Logs and JSON under $OUT.
+# statistics batch's (TESTS=none: none), the CLI's whole onset end to end — sequential and --concurrent, alternating,
+# CLI=N rounds (default 2; 0: none), each a fresh process as a user runs it —, bench_trace.py's P1 and P5 with
+# --concurrent at 8 x 128 (TRACE=0: skipped) and P5 with --concurrent at LONG prompt tokens (default 0: skipped).
+# Logs and JSON under $OUT (few files: the device returns a limited number).
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 TIMEFORMAT=%R
 BENCH="bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --new-tokens 16"
