@@ -132,6 +132,7 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
     for the next run of the same model, dtype, device and seed (``_key``; one at a time). Asked to stop, it ends at
     once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's teardown of torch
     and CUDA would take a second or more of the parent's exit)."""
+    _report_unsent(out, _SENT_ERRORS)
     models: dict[tuple, Any] = {}
     runs = 0
     serving_at = imported_at = time.perf_counter()  # this process's interpreter and imports (torch, this module)
@@ -179,6 +180,21 @@ def _get(commands: Any) -> Any:
         except queue_module.Empty:
             if _parent_gone():
                 raise _Orphaned(0) from None
+            _check_sent(_SENT_ERRORS)
+
+
+def _report_unsent(queue: Any, errors: list[BaseException]) -> None:
+    """Have ``queue`` note what it could not send: a ``multiprocessing`` queue pickles in a thread of its own and, when
+    that fails, prints the error and drops the item — the other side would then wait for ever."""
+    queue._on_queue_feeder_error = lambda exc, _obj: errors.append(exc)
+
+
+def _check_sent(errors: list[BaseException]) -> None:
+    if errors:
+        raise RuntimeError(f"a message could not be sent between this process and the other: {errors[0]!r}")
+
+
+_SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
 
 
 def _put(out: Any, item: tuple) -> None:
@@ -275,6 +291,8 @@ class _Worker:
         self.commands = context.Queue()
         self.messages = context.Queue(maxsize=AHEAD)
         self.acks = context.Queue()  # this side has read a live value (Sink.live_bytes) the reference waits on
+        self.unsent: list[BaseException] = []  # what the commands queue could not send (its model, say)
+        _report_unsent(self.commands, self.unsent)
         self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
                                        name="ulptrace-reference")
         self.process.start()
@@ -560,6 +578,7 @@ class ReferenceProcess:
             try:
                 return worker.messages.get(timeout=POLL_S)
             except queue_module.Empty:
+                _check_sent(worker.unsent)
                 if not worker.process.is_alive():
                     raise RuntimeError(
                         f"the reference process ended without finishing its run (exit code {worker.process.exitcode}); "

@@ -135,6 +135,17 @@ def test_a_new_process_is_sent_the_model_and_reports_what_one_building_its_own_d
     shutdown()
 
 
+def test_a_run_that_cannot_be_sent_is_an_error_not_a_wait(monkeypatch) -> None:
+    """multiprocessing pickles what a queue sends in a thread of its own and drops what fails (printing the error):
+    a model that cannot be pickled would leave both processes waiting for ever. It is an error here instead."""
+    from ulptrace import models
+
+    shutdown()  # a new process, which is sent its model
+    monkeypatch.setattr(models, "twin", lambda model: (lambda: model))  # a closure: pickle refuses it
+    with pytest.raises(RuntimeError, match="could not be sent between this process and the other"):
+        _within(60, lambda: _report(RunConfig(**SMALL, concurrent=True, model="tiny-llama", oracle=False)))
+
+
 def test_a_process_that_ran_the_users_own_reference_path_is_not_kept() -> None:
     """The kept process would run the path's code as it imported it, not as the user has edited it since."""
     cfg = {"model": "tiny-llama", "reference": "generation_candidates:glu_error_in_batches", "oracle": False}
