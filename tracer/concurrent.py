@@ -428,9 +428,12 @@ class RemoteTrace:
         with it is enqueued; the device is waited for); one not taken yet is copied here first."""
         if not (self._unread or self._handed):
             return
-        for key in self._unread:
-            if key in self._records:
-                self._records[key] = _own(self._records[key])
+        live = {id(t) for key in self._unread if key in self._records
+                for t in (self._records[key].out, *self._records[key].inputs.values())}
+        copies: dict[int, torch.Tensor] = {}  # a tensor several records hold is copied once, and shared again
+        for key, record in list(self._records.items()):  # the live records, and any other holding their tensors
+            if any(id(t) in live for t in (record.out, *record.inputs.values())):
+                self._records[key] = _own(record, copies)
         records = [*self._unread, *self._handed]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the reads (and the copies) done before the memory goes back
@@ -482,10 +485,11 @@ class RemoteTrace:
         return self.done  # type: ignore[return-value]
 
 
-def _own(record: Record) -> Record:
-    """``record`` with tensors of this process's own (a live value's memory goes back to the reference)."""
-    copies: dict[int, torch.Tensor] = {}
-    own = lambda t: copies.setdefault(id(t), t.clone())
+def _own(record: Record, copies: dict[int, torch.Tensor] | None = None) -> Record:
+    """``record`` with tensors of this process's own (a live value's memory goes back to the reference); ``copies``:
+    those made for other records, by the id of what they copy (a shared tensor is copied once)."""
+    copies = {} if copies is None else copies
+    own = lambda t: copies[id(t)] if id(t) in copies else copies.setdefault(id(t), t.clone())
     return Record(record.site, record.step, record.kind, record.layer, own(record.out),
                   {role: own(t) for role, t in record.inputs.items()})
 

@@ -369,14 +369,18 @@ def test_live_values_are_read_or_copied_before_the_reference_may_go_on() -> None
     messages, said = queue.Queue(), []  # the live record not taken before this side waits: copied, then said
     acks.put(True)
     shipper = _Shipper(messages, part_bytes=1 << 20, live_bytes=64, acks=acks)
+    other = torch.randn(3)
     shipper.add(Record("a", 0, "norm", 0, small, {}))
-    shipper.add(Record("logits", 0, "logits", 1, big, {}))
+    shipper.add(Record("b", 0, "norm", 0, other, {}))
+    shipper.add(Record("logits", 0, "logits", 1, big, {"x": small}))  # its input: the tensor "a" holds
     shipper.ship(0, torch.tensor([[3], [4]]))
     trace = RemoteTrace(Ends())
     assert trace.pop(("elsewhere", 0)) is None and said == [True]  # waited for the step's end: said first
-    kept = trace.pop(("logits", 0)).out
+    logits = trace.pop(("logits", 0))
+    kept, a = logits.out, trace.pop(("a", 0)).out
     assert torch.equal(kept, big) and kept.untyped_storage().nbytes() == big.nbytes  # its own memory, not the arena's
-    assert trace.pop(("a", 0)).out.untyped_storage().nbytes() > small.nbytes  # (the arena: both records)
+    assert a is logits.inputs["x"] and torch.equal(a, small) and a.untyped_storage().nbytes() == small.nbytes
+    assert trace.pop(("b", 0)).out.untyped_storage().nbytes() > other.nbytes  # not the live record's: still the arena
 
 
 def test_a_concurrent_onset_with_live_values_reports_what_the_sequential_one_does(monkeypatch) -> None:
