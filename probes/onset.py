@@ -58,8 +58,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                              "drop one of them")
         return _run_concurrent(cfg, say, bar)
     ref_model, cand_model, prompts = build_pair(cfg)
-    info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
-                            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
+    info = _run_info(cfg)
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
@@ -69,22 +68,13 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         # host memory after (auto; MemorySink's "auto"), so a long prompt's records still fit beside two models
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
-        final_ref: dict[int, torch.Tensor] = {}
-        sites = selected_sites(ref_model, cfg)
-        bar.start(f"reference {cfg.reference}", cfg.new_tokens, len(sites))
-
-        def ref_step(s: int, logits: torch.Tensor) -> None:
-            final_ref[s] = logits.clone()
-            bar.step(s + 1)
-
         try:
-            ref_tokens, rec = record_generation(ref_model, cfg, "reference", prompts, ref_applied.info, sink=ref_sink,
-                                                sites=sites, on_logits=ref_step)
+            ref_tokens, final_ref, rec = _record_side(cfg, "reference", ref_model, prompts, ref_sink, None,
+                                                      ref_applied, bar, f"reference {cfg.reference}")
         except BaseException:
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
             raise
-        bar.close()
         rec.metadata["path_info"] = ref_applied.info  # read after the run: a path may report what ran
         if isinstance(ref_sink, TraceWriter):
             ref_sink.close(rec.metadata)
@@ -101,12 +91,13 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
-            cand_tokens, final_cand, cand_meta = _record_candidate(cfg, cand_model, prompts, sink, ref_tokens,
-                                                                   cand_applied, bar, "compared as it runs")
+            cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink, ref_tokens,
+                                                             cand_applied, bar,
+                                                             f"candidate {cfg.candidate}, compared as it runs")
             if cfg.check_observation:  # the candidate too: observing a compiled graph can change what it computes
                 info["observation"] = _both_observed(cfg, info["observation"], cand_model, prompts, ref_tokens,
                                                      final_cand, say)
-            sink.result.candidate = {**cand_meta, "path_info": cand_applied.info}
+            sink.result.candidate = {**cand_rec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
@@ -117,8 +108,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
     they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
     other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it)."""
     check_run(cfg)  # before a process is started
-    info: dict[str, Any] = {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
-                            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
+    info = _run_info(cfg)
     with ExitStack() as stack:
         remote = stack.enter_context(ReferenceProcess(cfg))
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} in a process of its own "
@@ -134,40 +124,45 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
             sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True)
-            cand_tokens, final_cand, cand_meta = _record_candidate(cfg, cand_model, prompts, sink,
-                                                                   remote.trace.forced_token, cand_applied, bar,
-                                                                   "compared as both run")
+            cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink,
+                                                             remote.trace.forced_token, cand_applied, bar,
+                                                             f"candidate {cfg.candidate}, compared as both run")
             ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
             ref_tokens = ref_tokens.to(cand_tokens.device)  # shipped through host memory
             sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
             if cfg.check_observation:
                 info["observation"] = _both_observed(cfg, ref_observed, cand_model, prompts, ref_tokens, final_cand,
                                                      say)
-            sink.result.candidate = {**cand_meta, "path_info": cand_applied.info}
+            sink.result.candidate = {**cand_rec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
             del sink  # what held the reference's records goes before its process may free their memory
     info["reference_process"] = process
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
-def _record_candidate(cfg: RunConfig, model: Any, prompts: torch.Tensor, sink: StreamingComparator, forced: Any,
-                      applied: Any, bar: Progress, what: str
-                      ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[str, Any]]:
-    """The candidate's traced generation into the streaming comparison ``sink``, fed ``forced`` (the reference's
-    tokens, or a function of the step serving them as they come): (its own greedy tokens, its final logits per
-    step, its recorder's metadata)."""
+def _run_info(cfg: RunConfig) -> dict[str, Any]:
+    """What the onset's run info says of its configuration (tokens and checks are added as the run goes)."""
+    return {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
+            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
+
+
+def _record_side(cfg: RunConfig, side: str, model: Any, prompts: torch.Tensor, sink: Any, forced: Any,
+                 applied: Any, bar: Progress, label: str) -> tuple[torch.Tensor, dict[int, torch.Tensor], Any]:
+    """One side's traced generation into ``sink`` with the progress bar (``label``), fed ``forced`` (the
+    reference's tokens, or a function of the step serving them as they come; None: its own): (its own greedy
+    tokens, its final logits per step — the observation check's —, its recorder)."""
     final: dict[int, torch.Tensor] = {}
     sites = selected_sites(model, cfg)
-    bar.start(f"candidate {cfg.candidate}, {what}", cfg.new_tokens, len(sites))
+    bar.start(label, cfg.new_tokens, len(sites))
 
     def on_logits(s: int, logits: torch.Tensor) -> None:
         final[s] = logits.clone()
         bar.step(s + 1)
 
-    tokens, rec = record_generation(model, cfg, "candidate", prompts, applied.info, sink=sink, sites=sites,
-                                    forced=forced, on_logits=on_logits)
+    tokens, rec = record_generation(model, cfg, side, prompts, applied.info, sink=sink, sites=sites, forced=forced,
+                                    on_logits=on_logits)
     bar.close()
-    return tokens, final, rec.metadata
+    return tokens, final, rec
 
 
 def _finished(comparison: Comparison, info: dict[str, Any], ref_tokens: torch.Tensor, cand_tokens: torch.Tensor
