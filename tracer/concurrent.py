@@ -33,16 +33,28 @@ from __future__ import annotations
 
 import atexit
 import math
-import multiprocessing
 import os
-import pickle
-import queue as queue_module
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
 from ulptrace.paths import is_user_path
+from ulptrace.processes import (
+    GUARD,
+    POLL_S,
+    Orphaned,
+    Unpacked,
+    child_get,
+    child_put,
+    note_unsent,
+    pack,
+    parent_get,
+    pickled_error,
+    record_metas,
+    remote_error,
+    spawn_context,
+)
 from ulptrace.trace import Record
 
 if TYPE_CHECKING:
@@ -53,8 +65,6 @@ PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this si
 # values this large are handed to the reference's sink uncopied (Sink.live_bytes: a long prompt's logits, gigabytes):
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
-ALIGN = 16  # byte alignment of each tensor in a step's arena (any dtype's view of it is aligned)
-POLL_S = 1.0  # how often a wait for the reference checks that its process is still alive
 
 
 class _Shipper:
@@ -73,7 +83,7 @@ class _Shipper:
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
-        _put(self.out, ("metadata", metadata))
+        child_put(self.out, ("metadata", metadata))
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -84,7 +94,7 @@ class _Shipper:
         live = self.acks is not None and any(t.nbytes >= self.live_bytes for t in (record.out, *record.inputs.values()))
         if live:  # possibly the model's own value: shipped now, and not left to the model until it has been read
             self._send(record.step, None, record.key)
-            _get(self.acks)
+            child_get(self.acks, _SENT_ERRORS)
         elif self._bytes >= self.part_bytes:
             self._send(record.step, None)
 
@@ -93,38 +103,15 @@ class _Shipper:
         self._send(step, token)
 
     def _send(self, step: int, token: torch.Tensor | None, live: tuple[str, int] | None = None) -> None:
-        """The records held (and ``token``, when the step ends) as arenas: a CUDA tensor of a quarter part or
-        more, or a live one, shared as it is (no copy), the rest packed into one arena (one device copy: per-tensor sharing costs
-        more than small records). A record's tensor is (arena, offset, dtype, shape); ``live``: the key of the last
-        record, whose value the other side must read (or copy) and acknowledge."""
-        offsets: dict[int, tuple[int, int, str, tuple[int, ...]]] = {}  # id(tensor) -> its spec
-        arenas: list[torch.Tensor] = []
-        pieces: list[torch.Tensor] = []
-        size = 0
-        tensors = (t for record in self.records for t in (record.out, *record.inputs.values()))
-        for t in (*(() if token is None else (token,)), *tensors):
-            if id(t) in offsets:
-                continue
-            flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-            dtype = str(t.dtype).removeprefix("torch.")
-            if flat.is_cuda and flat.numel() >= min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)):
-                offsets[id(t)] = (len(arenas) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
-                arenas.append(flat)
-                continue
-            pad = -size % ALIGN
-            if pad:
-                pieces.append(flat.new_zeros(pad))
-            offsets[id(t)] = (0, size + pad, dtype, tuple(t.shape))
-            pieces.append(flat)
-            size += pad + flat.numel()
-        if any(p.is_cuda for p in (*pieces, *arenas)):  # free the arenas the other process has released (else kept
-            torch.cuda.ipc_collect()  # until this process runs out of memory: its memory would grow over a run)
-        packed = torch.cat(pieces) if pieces else None  # one device copy, no wait for the device
-        spec = lambda t: offsets[id(t)]
-        metas = [(r.site, r.step, r.kind, r.layer, spec(r.out), {role: spec(t) for role, t in r.inputs.items()})
-                 for r in self.records]
+        """The records held (and ``token``, when the step ends) as arenas (``processes.pack``): a CUDA tensor of a
+        quarter part or more, or a live one, shared as it is (no copy), the rest packed into one. ``live``: the key
+        of the last record, whose value the other side must read (or copy) and acknowledge."""
+        tensors = [t for record in self.records for t in (record.out, *record.inputs.values())]
+        arenas, specs = pack([*(() if token is None else (token,)), *tensors],
+                             alone_bytes=min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)))
+        metas = record_metas(self.records, specs)
         self.records, self._bytes, self._seen = [], 0, set()
-        _put(self.out, ("step", step, None if token is None else spec(token), [packed, *arenas], metas, live))
+        child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
 
 
 def _serve(commands: Any, out: Any, acks: Any) -> None:
@@ -132,11 +119,11 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
     for the next run of the same model, dtype, device and seed (``_key``; one at a time). Asked to stop, it ends at
     once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's teardown of torch
     and CUDA would take a second or more of the parent's exit)."""
-    _report_unsent(out, _SENT_ERRORS)
+    note_unsent(out, _SENT_ERRORS)
     models: dict[tuple, Any] = {}
     runs = 0
     serving_at = imported_at = time.perf_counter()  # this process's interpreter and imports (torch, this module)
-    while (command := _get(commands)) is not None:
+    while (command := child_get(commands, _SENT_ERRORS)) is not None:
         if command[0] == "prepare":  # imported while the parent builds the model it will send (not after)
             _prepare(command[1])
             imported_at = time.perf_counter()
@@ -146,6 +133,9 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
     out.close()
     out.join_thread()
     os._exit(0)
+
+
+_SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
 
 
 def _prepare(cfg: Any) -> None:
@@ -161,50 +151,6 @@ def _prepare(cfg: Any) -> None:
             torch.empty(0, device=cfg.device)
     except Exception:  # noqa: BLE001, S110 — the run does the same again and ships what fails
         pass
-
-
-class _Orphaned(SystemExit):
-    """The process that started this one is gone: nobody will read or send anything again."""
-
-
-def _parent_gone() -> bool:
-    parent = multiprocessing.parent_process()
-    return parent is not None and not parent.is_alive()
-
-
-def _get(commands: Any) -> Any:
-    """The next configuration (None: stop), or ``_Orphaned`` once the parent is gone (killed, it cannot say so)."""
-    while True:
-        try:
-            return commands.get(timeout=POLL_S)
-        except queue_module.Empty:
-            if _parent_gone():
-                raise _Orphaned(0) from None
-            _check_sent(_SENT_ERRORS)
-
-
-def _report_unsent(queue: Any, errors: list[BaseException]) -> None:
-    """Have ``queue`` note what it could not send: a ``multiprocessing`` queue pickles in a thread of its own and, when
-    that fails, prints the error and drops the item — the other side would then wait for ever."""
-    queue._on_queue_feeder_error = lambda exc, _obj: errors.append(exc)
-
-
-def _check_sent(errors: list[BaseException]) -> None:
-    if errors:
-        raise RuntimeError(f"a message could not be sent between this process and the other: {errors[0]!r}")
-
-
-_SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
-
-
-def _put(out: Any, item: tuple) -> None:
-    """``out.put`` that gives up once the parent is gone (a full queue nobody reads would block for ever)."""
-    while True:
-        try:
-            return out.put(item, timeout=POLL_S)
-        except queue_module.Full:
-            if _parent_gone():
-                raise _Orphaned(0) from None
 
 
 def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out: Any, acks: Any,
@@ -253,22 +199,13 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
-        _put(out, ("done", tokens.cpu(), path_info, observation,
+        child_put(out, ("done", tokens.cpu(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
                   "start_up": start}))
-    except _Orphaned:
+    except Orphaned:
         raise
     except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
-        _put(out, ("error", traceback.format_exc(), _pickled(exc)))
-
-
-def _pickled(exc: BaseException) -> bytes | None:
-    """``exc`` pickled for the parent to raise as it is (a bad input's ``ValueError``, a user path's ``PathError``
-    with its frames), or None where it cannot be (checked here: a message the queue fails to pickle is lost)."""
-    try:
-        return pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 — any failure to pickle: the parent raises the traceback's text instead
-        return None
+        child_put(out, ("error", traceback.format_exc(), pickled_error(exc)))
 
 
 def _key(cfg: Any) -> tuple:
@@ -284,7 +221,7 @@ class _Worker:
     """A reference process and its two queues: configurations in, a run's messages out (at most ``AHEAD`` waiting)."""
 
     def __init__(self) -> None:
-        context = torch.multiprocessing.get_context("spawn")
+        context = spawn_context()
         self.spawned_at = time.perf_counter()
         self.model_key: tuple | None = None  # whose model the process holds (sent or built there)
         self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
@@ -292,7 +229,7 @@ class _Worker:
         self.messages = context.Queue(maxsize=AHEAD)
         self.acks = context.Queue()  # this side has read a live value (Sink.live_bytes) the reference waits on
         self.unsent: list[BaseException] = []  # what the commands queue could not send (its model, say)
-        _report_unsent(self.commands, self.unsent)
+        note_unsent(self.commands, self.unsent)
         self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
                                        name="ulptrace-reference")
         self.process.start()
@@ -334,21 +271,6 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
-
-
-def _remote_error(text: str, pickled: bytes | None) -> BaseException:
-    """What the reference process raised, to raise here: the exception itself where it came across (so bad input is
-    the same one-line error as without ``--concurrent``, a user path's failure the same ``PathError``), caused by
-    its traceback there; else that traceback as a ``RuntimeError``."""
-    where = RuntimeError(f"the reference run failed in its process:\n{text}")
-    try:
-        exc = pickle.loads(pickled) if pickled is not None else None
-    except Exception:  # noqa: BLE001 — an exception type this process cannot rebuild: its text serves
-        exc = None
-    if not isinstance(exc, Exception):
-        return where
-    exc.__cause__ = where
-    return exc
 
 
 class RemoteTrace:
@@ -398,27 +320,18 @@ class RemoteTrace:
             self.done = item[1:]
             self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
         else:
-            self.failure = _remote_error(*item[1:])
+            self.failure = remote_error(*item[1:], "the reference run")
             raise self.failure
 
     def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list,
                 live: tuple[str, int] | None) -> None:
-        # one tensor per spec: records that shared a tensor share it again (an empty tensor's offset is the next one's)
-        views: dict[tuple[int, int, str, tuple[int, ...]], torch.Tensor] = {}
-
-        def tensor(spec: tuple[int, int, str, tuple[int, ...]]) -> torch.Tensor:
-            if spec not in views:
-                arena, offset, dtype, shape = spec
-                dt = getattr(torch, dtype)
-                views[spec] = arenas[arena][offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
-            return views[spec]
-
-        for site, rstep, kind, layer, out, inputs in metas:
-            record = Record(site, rstep, kind, layer, tensor(out), {role: tensor(s) for role, s in inputs.items()})
+        views = Unpacked(arenas)
+        for meta in metas:
+            record = views.record(meta)
             self._records[record.key] = record
             self._order.append(record.key)
         if token is not None:  # the step's last part
-            self.tokens[step] = tensor(token)
+            self.tokens[step] = views.tensor(token)
         if live is not None:
             self._unread.add(tuple(live))
 
@@ -578,13 +491,6 @@ class ReferenceProcess:
             raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
         if not self._started:
             raise RuntimeError("the reference run was not started (ReferenceProcess.start)")
-        while True:
-            try:
-                return worker.messages.get(timeout=POLL_S)
-            except queue_module.Empty:
-                _check_sent(worker.unsent)
-                if not worker.process.is_alive():
-                    raise RuntimeError(
-                        f"the reference process ended without finishing its run (exit code {worker.process.exitcode}); "
-                        "if a script started it, its entry point must be guarded by `if __name__ == '__main__':`, "
-                        "as Python's multiprocessing requires (the new process imports the script)") from None
+        process = worker.process
+        return parent_get(worker.messages, worker.unsent, lambda: None if process.is_alive() else (
+            f"the reference process ended without finishing its run (exit code {process.exitcode}); {GUARD}"))

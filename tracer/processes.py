@@ -1,0 +1,175 @@
+"""What ulptrace's helper processes share: queues that fail instead of waiting for ever, errors carried across, and
+records moved between processes as a few byte arenas.
+
+Two kinds of helper process exist — an onset's reference side (``ulptrace.concurrent``) and the oracle's judging
+workers (``ulptrace.judging``) — and each needs the same plumbing: a ``multiprocessing`` queue pickles in a thread of
+its own and drops what fails to pickle (printing it), so a side that waits on it must note such failures and raise
+them; a helper whose parent has died must stop instead of blocking on a full queue; an exception raised there is
+raised here as itself (a bad input's one-line error), with the helper's traceback as its cause; and records cross as
+byte arenas (one device copy for many small tensors, shared through CUDA IPC or shared memory: sharing each tensor
+costs more than small records), each tensor an (arena, offset, dtype, shape) spec into them.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+import queue as queue_module
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from ulptrace.trace import Record
+
+POLL_S = 1.0  # how often a wait on another process checks that it (or the parent) is still alive
+ALIGN = 16  # byte alignment of each tensor in an arena (any dtype's view of it is aligned)
+
+GUARD = ("if a script started it, its entry point must be guarded by `if __name__ == '__main__':`, as Python's "
+         "multiprocessing requires (the new process imports the script)")
+"""What a helper process that ended without a word may mean: said with its exit code."""
+
+Spec = tuple[int, int, str, tuple[int, ...]]  # a tensor in arenas: (arena index, byte offset, dtype name, shape)
+RecordMeta = tuple[str, int, str, "int | None", Spec, dict[str, Spec]]  # a record as specs: site, step, kind, layer
+
+
+def spawn_context() -> Any:
+    """The start method of every helper process: spawned (a fork would copy CUDA state, which CUDA forbids)."""
+    return torch.multiprocessing.get_context("spawn")
+
+
+class Orphaned(SystemExit):
+    """The process that started this one is gone: nobody will read or send anything again."""
+
+
+def parent_gone() -> bool:
+    parent = multiprocessing.parent_process()
+    return parent is not None and not parent.is_alive()
+
+
+def note_unsent(queue: Any, errors: list[BaseException]) -> None:
+    """Have ``queue`` note in ``errors`` what it could not send: a ``multiprocessing`` queue pickles in a thread of
+    its own and, when that fails, prints the error and drops the item — the other side would then wait for ever."""
+    queue._on_queue_feeder_error = lambda exc, _obj: errors.append(exc)
+
+
+def check_sent(errors: list[BaseException]) -> None:
+    """Raise what a queue watched by :func:`note_unsent` could not send."""
+    if errors:
+        raise RuntimeError(f"a message could not be sent between this process and the other: {errors[0]!r}")
+
+
+def child_get(queue: Any, unsent: list[BaseException]) -> Any:
+    """In a helper process: the next item of ``queue``, or ``Orphaned`` once the parent is gone (killed, it cannot
+    say so); raises what this process's own outgoing queue could not send (``unsent``) meanwhile."""
+    while True:
+        try:
+            return queue.get(timeout=POLL_S)
+        except queue_module.Empty:
+            if parent_gone():
+                raise Orphaned(0) from None
+            check_sent(unsent)
+
+
+def child_put(queue: Any, item: Any) -> None:
+    """In a helper process: ``queue.put`` that gives up once the parent is gone (a full queue nobody reads would
+    block for ever)."""
+    while True:
+        try:
+            return queue.put(item, timeout=POLL_S)
+        except queue_module.Full:
+            if parent_gone():
+                raise Orphaned(0) from None
+
+
+def parent_get(queue: Any, unsent: list[BaseException], alive: Callable[[], str | None]) -> Any:
+    """In the parent: the next item a helper sent on ``queue``, raising what the parent's queues to it could not
+    send (``unsent``) and, once ``alive()`` returns a reason (the helper is gone), that reason."""
+    while True:
+        try:
+            return queue.get(timeout=POLL_S)
+        except queue_module.Empty:
+            check_sent(unsent)
+            why = alive()
+            if why is not None:
+                raise RuntimeError(why) from None
+
+
+def pickled_error(exc: BaseException) -> bytes | None:
+    """``exc`` pickled for the parent to raise as it is (a bad input's ``ValueError``, a user path's ``PathError``
+    with its frames), or None where it cannot be (checked here: a message the queue fails to pickle is lost)."""
+    try:
+        return pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 — any failure to pickle: the parent raises the traceback's text instead
+        return None
+
+
+def remote_error(text: str, pickled: bytes | None, where: str) -> BaseException:
+    """What a helper process raised, to raise here: the exception itself where it came across (so bad input is the
+    same one-line error as in one process), caused by its traceback there (``text``); else that traceback as a
+    ``RuntimeError`` saying ``where`` it failed."""
+    cause = RuntimeError(f"{where} failed in its process:\n{text}")
+    try:
+        exc = pickle.loads(pickled) if pickled is not None else None
+    except Exception:  # noqa: BLE001 — an exception type this process cannot rebuild: its text serves
+        exc = None
+    if not isinstance(exc, Exception):
+        return cause
+    exc.__cause__ = cause
+    return exc
+
+
+def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf) -> tuple[list[torch.Tensor], dict[int, Spec]]:
+    """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a CUDA tensor
+    of ``alone_bytes`` or more, which is an arena of its own as it is (no copy). Returns the arenas and each tensor's
+    :data:`Spec` by ``id`` (a tensor listed twice is packed once). Arenas on CUDA free, first, what another process
+    has released of this one's earlier arenas (else kept until this process runs out of memory)."""
+    specs: dict[int, Spec] = {}
+    alone: list[torch.Tensor] = []
+    pieces: list[torch.Tensor] = []
+    size = 0
+    for t in tensors:
+        if id(t) in specs:
+            continue
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        dtype = str(t.dtype).removeprefix("torch.")
+        if flat.is_cuda and flat.numel() >= alone_bytes:
+            specs[id(t)] = (len(alone) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
+            alone.append(flat)
+            continue
+        pad = -size % ALIGN
+        if pad:
+            pieces.append(flat.new_zeros(pad))
+        specs[id(t)] = (0, size + pad, dtype, tuple(t.shape))
+        pieces.append(flat)
+        size += pad + flat.numel()
+    if any(p.is_cuda for p in (*pieces, *alone)):
+        torch.cuda.ipc_collect()
+    packed = torch.cat(pieces) if pieces else None
+    return [packed, *alone], specs
+
+
+def record_metas(records: Iterable[Record], specs: dict[int, Spec]) -> list[RecordMeta]:
+    """``records`` as specs into the arenas :func:`pack` made of their tensors."""
+    return [(r.site, r.step, r.kind, r.layer, specs[id(r.out)], {role: specs[id(t)] for role, t in r.inputs.items()})
+            for r in records]
+
+
+class Unpacked:
+    """Tensors of arenas :func:`pack` made, one view per spec: records that shared a tensor share it again (an empty
+    tensor's offset is the next one's)."""
+
+    def __init__(self, arenas: list[torch.Tensor | None]) -> None:
+        self.arenas = arenas
+        self._views: dict[Spec, torch.Tensor] = {}
+
+    def tensor(self, spec: Spec) -> torch.Tensor:
+        if spec not in self._views:
+            arena, offset, dtype, shape = spec
+            dt = getattr(torch, dtype)
+            self._views[spec] = self.arenas[arena][offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
+        return self._views[spec]
+
+    def record(self, meta: RecordMeta) -> Record:
+        site, step, kind, layer, out, inputs = meta
+        return Record(site, step, kind, layer, self.tensor(out), {role: self.tensor(s) for role, s in inputs.items()})
