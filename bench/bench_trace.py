@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-VOLATILE = ("versions", "device", "path_info", "observation", "reference_process")
+VOLATILE = ("versions", "device", "path_info", "observation", "reference_process", "judging")
 GOALS = ("P1", "P2", "P3", "P5")
 
 
@@ -258,6 +258,8 @@ def main() -> None:
     p.add_argument("--concurrent", action="store_true",
                    help="the traced onsets record the reference in a process of its own while the candidate runs "
                         "(onset's --concurrent); the untraced base still runs the pair one after the other")
+    p.add_argument("--judge-workers", type=int, default=0, metavar="N",
+                   help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
     args = p.parse_args()
     check_workload(p, args)
     if args.warm_repeats < 1:
@@ -269,13 +271,15 @@ def main() -> None:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
+                              "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
             "reference_memory": args.reference_memory, "concurrent": args.concurrent}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
-    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens)
+    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
+                     judge_workers=args.judge_workers)
     if args.reports_only:
         if not args.reports:
             p.error("--reports-only needs --reports DIR")
@@ -329,9 +333,14 @@ def main() -> None:
     if "P3" in goals:
         pair3 = untraced_pair(cfg3)
         seconds3 = traced(cfg3, args.reports, "P3-oracle")[0]
-        out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3}
-        print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps: {seconds3:.2f} s vs "
-              f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x", flush=True)
+        # then warm runs (a kept pool of judging processes is warm only from the second run on)
+        warm3 = [traced(cfg3, None, "P3-warm")[0] for _ in range(args.warm_repeats)]
+        out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3,
+                     "warm_onset_all_s": warm3, "warm_ratio": min(warm3) / pair3}
+        print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps"
+              f"{f', judged in {args.judge_workers} processes' if args.judge_workers else ''}: {seconds3:.2f} s vs "
+              f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x cold, {min(warm3):.2f} s = "
+              f"{min(warm3) / pair3:.1f}x warm (least of {len(warm3)})", flush=True)
     if "P5" in goals and args.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

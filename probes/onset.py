@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.concurrent import ReferenceProcess
+from ulptrace.judging import JudgePool
 from ulptrace.paths import apply_path
 from ulptrace.progress import Progress
 from ulptrace.record import MemorySink, recording_collector
@@ -57,7 +58,45 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
         return _run_concurrent(cfg, say, bar)
-    ref_model, cand_model, prompts = build_pair(cfg)
+    with ExitStack() as stack:
+        check_run(cfg)  # before any process is started
+        pool = _judge_pool(cfg, stack)  # its processes import while this one builds
+        ref_model, cand_model, prompts = build_pair(cfg)
+        if pool is not None:
+            pool.start(ref_model)  # a twin of the reference model as built, before its path is applied
+        comparison, info = _run_sequential(cfg, reference_dir, say, bar, ref_model, cand_model, prompts, pool)
+        _judging_info(info, pool)
+        return comparison, info
+
+
+def _judging_info(info: dict[str, Any], pool: JudgePool | None) -> None:
+    """Where the oracle judged: the run info says how many processes judged how many pairs (the rest needed no
+    replay and were answered here)."""
+    if pool is not None:
+        info["judging"] = {"processes": pool.count, "pairs_judged_there": pool.judged}
+
+
+def _judge_pool(cfg: RunConfig, stack: ExitStack) -> JudgePool | None:
+    """The oracle's judging processes of ``cfg.judge_workers`` (None: judged in this process), entered on ``stack``."""
+    if not (cfg.oracle and cfg.judge_workers):
+        return None
+    return stack.enter_context(JudgePool(cfg, cfg.judge_workers))
+
+
+def _oracle(cfg: RunConfig, ref_model: Any, pool: JudgePool | None) -> Any:
+    """The judge of ``cfg``'s onset, built on ``ref_model`` with the reference path applied (None without the oracle);
+    with ``pool`` the pairs that need a replay are judged in its processes."""
+    if not cfg.oracle:
+        return None
+    from ulptrace.verdicts import OracleJudge
+
+    judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
+    return judge if pool is None else pool.judge(judge)
+
+
+def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress,
+                    ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None
+                    ) -> tuple[Comparison, dict[str, Any]]:
     info = _run_info(cfg)
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
@@ -83,11 +122,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         if cfg.check_observation:
             info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
                                                     mode=cfg.reference_mode, cache_len=cfg.cache_len)
-        judge = None
-        if cfg.oracle:
-            from ulptrace.verdicts import OracleJudge
-
-            judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
+        judge = _oracle(cfg, ref_model, pool)
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
@@ -111,16 +146,17 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
     info = _run_info(cfg)
     with ExitStack() as stack:
         remote = stack.enter_context(ReferenceProcess(cfg))
+        pool = _judge_pool(cfg, stack)
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} in a process of its own "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         ref_model, cand_model, prompts = build_pair(cfg, reference=cfg.oracle)
         remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
+        if pool is not None:
+            pool.start(ref_model)
         judge = None
         if cfg.oracle:  # the reference's modules define the semantics to judge by, as in _run_onset
-            from ulptrace.verdicts import OracleJudge
-
             stack.enter_context(apply_path(ref_model, cfg.reference))
-            judge = OracleJudge(ref_model, judge_reference=cfg.check_reference)
+            judge = _oracle(cfg, ref_model, pool)
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
             sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True)
@@ -137,6 +173,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
             comparison = sink.finish()
             del sink  # what held the reference's records goes before its process may free their memory
     info["reference_process"] = process
+    _judging_info(info, pool)
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 

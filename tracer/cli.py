@@ -367,10 +367,12 @@ def cmd_onset(args: argparse.Namespace) -> int:
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
-                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=args.concurrent)
-    if args.tp is not None and args.concurrent:
-        raise ValueError("--concurrent runs the reference in a second process beside this one, but --tp "
-                         f"{args.tp} runs one process per rank already: drop one of them")
+                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=args.concurrent,
+                  judge_workers=args.judge_workers)
+    if args.tp is not None and (args.concurrent or args.judge_workers):
+        what = "--concurrent runs the reference" if args.concurrent else "--judge-workers runs the oracle"
+        raise ValueError(f"{what} in processes beside this one, but --tp {args.tp} runs one process per rank "
+                         "already: drop one of them")
     if args.tp is not None:  # one process per rank under torchrun; rank 0 reports
         from ulptrace.probes.tp_onset import run_onset_tp
 
@@ -681,6 +683,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "as they are made, the candidate fed its tokens as they come): the same report; the two sides "
                         "run at once. A command pays the process's start-up and cold first run (no faster on its own); "
                         "the gain is for several onsets in one Python process, which keeps it (README)")
+    p.add_argument("--judge-workers", type=int, default=0, metavar="N",
+                   help="judge the differing records in N processes of their own while the run goes on (the oracle "
+                        "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "
+                        "The processes are kept for the next onset of the same model in this Python process")
     p.add_argument("--fail-on-onset", action="store_true", help=FAIL_HELP)
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="the candidate is the model sharded over N processes with transformers' tensor-parallel "

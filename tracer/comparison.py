@@ -56,9 +56,11 @@ COULD_NOT_JUDGE = "could_not_judge"
 
 
 class SiteJudge(Protocol):
-    """Judges one aligned record pair with the oracle (see ``ulptrace.verdicts.OracleJudge``)."""
+    """Judges one aligned record pair with the oracle (see ``ulptrace.verdicts.OracleJudge``): the fields to set on
+    the record's ``SiteDiff``, None, or an answer still on its way — an object whose ``result()`` gives them, read
+    when the diff is finished (``ulptrace.judging.Pending``: judged in another process while the run goes on)."""
 
-    def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None: ...
+    def __call__(self, reference: Record, candidate: Record) -> Any: ...
 
 
 @dataclass
@@ -281,7 +283,7 @@ class _PendingDiff:
     note: str | None
     stats: Stats
     inputs: dict[str, Stats | None]
-    judged: dict[str, Any] | None = None
+    judged: Any = None  # the judge's fields, or an answer still on its way (SiteJudge)
 
 
 def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
@@ -312,7 +314,8 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
             shape=p.shape, input_delta=inputs, note=p.note, max_row_ulp=stats.max_row_ulp,
             row_histogram=stats.row_histogram,
         )
-        for key, value in (p.judged or {}).items():
+        judged = p.judged.result() if callable(getattr(p.judged, "result", None)) else p.judged
+        for key, value in (judged or {}).items():
             if key == "note" and diff.note:
                 value = f"{diff.note}; {value}"
             setattr(diff, key, value)

@@ -47,10 +47,12 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
+    model_key,
     note_unsent,
     pack,
     parent_get,
     pickled_error,
+    prepare_imports,
     record_metas,
     remote_error,
     spawn_context,
@@ -116,16 +118,16 @@ class _Shipper:
 
 def _serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
-    for the next run of the same model, dtype, device and seed (``_key``; one at a time). Asked to stop, it ends at
-    once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's teardown of torch
-    and CUDA would take a second or more of the parent's exit)."""
+    for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
+    stop, it ends at once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's
+    teardown of torch and CUDA would take a second or more of the parent's exit)."""
     note_unsent(out, _SENT_ERRORS)
     models: dict[tuple, Any] = {}
     runs = 0
     serving_at = imported_at = time.perf_counter()  # this process's interpreter and imports (torch, this module)
     while (command := child_get(commands, _SENT_ERRORS)) is not None:
         if command[0] == "prepare":  # imported while the parent builds the model it will send (not after)
-            _prepare(command[1])
+            prepare_imports(command[1])
             imported_at = time.perf_counter()
             continue
         runs += 1
@@ -136,21 +138,6 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
 
 
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
-
-
-def _prepare(cfg: Any) -> None:
-    """What a run of ``cfg`` needs before its model comes: the modules a run imports, the model's own (built on the
-    meta device: ``models.prepare``), the CUDA context. A failure here is left for the run to meet and report."""
-    try:
-        import ulptrace.paths
-        import ulptrace.run  # noqa: F401
-        from ulptrace.models import prepare
-
-        prepare(cfg.model)
-        if torch.device(cfg.device).type == "cuda":
-            torch.empty(0, device=cfg.device)
-    except Exception:  # noqa: BLE001, S110 — the run does the same again and ships what fails
-        pass
 
 
 def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out: Any, acks: Any,
@@ -165,7 +152,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
         from ulptrace.paths import apply_path
         from ulptrace.run import check_observation, make_prompts, record_generation, torch_dtype
 
-        key = _key(cfg)
+        key = model_key(cfg)
         if key not in models:
             models.clear()  # one model at a time: its memory is this process's only lasting cost
             # when each part of the start-up ended (time.perf_counter: system-wide on Linux, CLOCK_MONOTONIC, so
@@ -208,15 +195,6 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
         child_put(out, ("error", traceback.format_exc(), pickled_error(exc)))
 
 
-def _key(cfg: Any) -> tuple:
-    """What a reference process's model is built from: a run of the same reuses it. A local checkpoint counts with
-    its files' modification times (rewritten weights are not served from the model built before)."""
-    files: tuple = ()
-    if os.path.isdir(cfg.model):
-        files = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(cfg.model) if e.is_file()))
-    return cfg.model, files, cfg.dtype, cfg.device, cfg.seed
-
-
 class _Worker:
     """A reference process and its two queues: configurations in, a run's messages out (at most ``AHEAD`` waiting)."""
 
@@ -249,13 +227,13 @@ class _Worker:
         self.shipped = None
 
 
-_IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, by its model's _key (at most one)
+_IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, by its model's key (at most one)
 
 
 def _take_worker(cfg: Any) -> _Worker:
     """The idle reference process of ``cfg``'s model if there is one (its model built, its CUDA context and kernels
     warm), else a new one; another idle process is stopped (one model's memory kept at most)."""
-    key = _key(cfg)
+    key = model_key(cfg)
     worker = _IDLE.pop(key, None)
     if worker is not None and worker.process.is_alive():
         return worker
@@ -422,7 +400,7 @@ class ReferenceProcess:
 
     def __enter__(self) -> Self:
         self._worker = _take_worker(self.cfg)
-        if self._worker.model_key != _key(self.cfg):  # a new process: its imports now, while this side builds
+        if self._worker.model_key != model_key(self.cfg):  # a new process: its imports now, while this side builds
             self._worker.commands.put(("prepare", self.cfg))
         return self
 
@@ -435,7 +413,7 @@ class ReferenceProcess:
         worker = self._worker
         if worker is None:
             raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
-        key = _key(self.cfg)
+        key = model_key(self.cfg)
         shipped = None
         if worker.model_key != key:
             shipped = twin(model) if model is not None else None
@@ -460,7 +438,7 @@ class ReferenceProcess:
             self._worker = None
             if exc_type is None and self.trace.done is not None and self.trace.failure is None \
                     and worker.process.is_alive() and not is_user_path(self.cfg.reference):
-                _IDLE[_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
+                _IDLE[model_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
             else:
                 worker.stop()
 

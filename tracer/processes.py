@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import pickle
 import queue as queue_module
 from collections.abc import Callable, Iterable
@@ -117,6 +118,32 @@ def remote_error(text: str, pickled: bytes | None, where: str) -> BaseException:
         return cause
     exc.__cause__ = cause
     return exc
+
+
+def model_key(cfg: Any) -> tuple:
+    """What a helper's model is built from (a ``RunConfig``'s): a later run of the same reuses the model the helper
+    holds. A local checkpoint counts with its files' modification times (rewritten weights are not served from the
+    model built before)."""
+    files: tuple = ()
+    if os.path.isdir(cfg.model):
+        files = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(cfg.model) if e.is_file()))
+    return cfg.model, files, cfg.dtype, cfg.device, cfg.seed
+
+
+def prepare_imports(cfg: Any) -> None:
+    """In a new helper process, what a run of ``cfg`` needs before its model comes: the modules a run imports, the
+    model's own (built on the meta device: ``models.prepare``), the CUDA context — done while the parent builds the
+    model it will send. A failure here is left for the run to meet and report."""
+    try:
+        import ulptrace.paths
+        import ulptrace.run  # noqa: F401
+        from ulptrace.models import prepare
+
+        prepare(cfg.model)
+        if torch.device(cfg.device).type == "cuda":
+            torch.empty(0, device=cfg.device)
+    except Exception:  # noqa: BLE001, S110 — the run does the same again and ships what fails
+        pass
 
 
 def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf) -> tuple[list[torch.Tensor], dict[int, Spec]]:

@@ -73,6 +73,7 @@ class RunConfig:
     max_ulp: int = 0
     reference_memory: str = "auto"  # where onset keeps the reference's records: device, host or auto
     concurrent: bool = False  # run_onset only: the reference runs in a process of its own while the candidate runs
+    judge_workers: int = 0  # run_onset only: the oracle judges in this many processes of its own (0: in this one)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -89,6 +90,9 @@ class RunConfig:
 
         check_model(self.model)
         check_selection(self)
+        if self.judge_workers < 0 or (self.judge_workers and not self.oracle):
+            raise ValueError(f"--judge-workers is the number of processes the oracle judges in (0: this one), but got "
+                             f"{self.judge_workers}" + ("" if self.oracle else " with the oracle off (--no-oracle)"))
         if self.reference_memory not in ("auto", "device", "host"):
             raise ValueError(f"--reference-memory must be one of auto, device, host, but got {self.reference_memory!r}")
         if self.cache_len is not None and self.reference_mode == self.candidate_mode == "eager":

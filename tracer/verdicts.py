@@ -89,17 +89,13 @@ class OracleJudge:
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
         # a reference read back from disk is on the CPU; the semantics run where the reference model is
         reference, candidate = _on(reference, self.device), _on(candidate, self.device)
+        answer = self.without_replay(reference, candidate)
+        if answer is not None:
+            return answer
         site = self.site(reference.site)
-        if site is None or site.formula is None:
-            return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
-        missing = [r for r in site.inputs if r not in site.optional and r not in reference.inputs]
-        if missing:
-            why = f"reference record lacks oracle input(s) {missing}"
-            return {"verdicts": None, "could_not_judge": why, "note": why}
-        same = bitwise_equal(reference.out, candidate.out)
-        if same and not self.judge_reference:
-            return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS},
-                    "verdict_histogram": empty_verdict_histogram()}
+        assert site is not None
+        # without_replay has answered equal outputs unless the reference is judged too
+        same = self.judge_reference and bitwise_equal(reference.out, candidate.out)
         # a construction with a bound of its own (the GatedDeltaNet scan) reports that bound's width over the whole
         # record (``admissible_width``): judged whole
         whole = self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
@@ -112,6 +108,23 @@ class OracleJudge:
                 return out
             # the parts alone could not be judged (a formula that wants the record's own shape): the whole record is
         return self._judged(site, reference, candidate, same)
+
+    def without_replay(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
+        """The answer for a pair that needs no replay of the semantics — a site without them, an oracle input missing,
+        bitwise-equal outputs (unless the reference is judged too) — or None: the pair must be judged (the
+        records may be on any device). What ``__call__`` answers first; ``ulptrace.judging`` answers it before
+        sending a pair to a judging process."""
+        site = self.site(reference.site)
+        if site is None or site.formula is None:
+            return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}
+        missing = [r for r in site.inputs if r not in site.optional and r not in reference.inputs]
+        if missing:
+            why = f"reference record lacks oracle input(s) {missing}"
+            return {"verdicts": None, "could_not_judge": why, "note": why}
+        if not self.judge_reference and bitwise_equal(reference.out.to(candidate.out.device), candidate.out):
+            return {"verdicts": {v: (reference.out.numel() if v == "exact" else 0) for v in VERDICTS},
+                    "verdict_histogram": empty_verdict_histogram()}
+        return None
 
     def _judged(self, site: Site, reference: Record, candidate: Record, same: bool) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -12,6 +12,9 @@ import time
 
 import pytest
 import torch
+from onset_reports import essentials as _essentials
+from onset_reports import report as _report
+from onset_reports import within as _within
 from ulptrace.cli import main
 from ulptrace.concurrent import ReferenceProcess, shutdown
 from ulptrace.models import build_model
@@ -19,47 +22,7 @@ from ulptrace.paths import PathError
 from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig, greedy, make_prompts
 
-VOLATILE = ("versions", "path_info", "reference_process")  # when and in which process, not what was found
 SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
-
-
-def _report(cfg: RunConfig) -> dict:
-    comparison, info = run_onset(cfg)
-    data = comparison.to_json()
-    data["run"] = info
-    return data
-
-
-def _essentials(data: object) -> object:
-    if isinstance(data, dict):
-        return {k: _essentials(v) for k, v in data.items() if k not in VOLATILE}
-    if isinstance(data, list):
-        return [_essentials(v) for v in data]
-    return data
-
-
-def _within(seconds: float, run):
-    """``run()``'s result, or a failure after ``seconds`` (a deadlock between the two processes fails the test
-    instead of hanging the suite: the run is left in a daemon thread)."""
-    import threading
-
-    result: list = []
-
-    def target() -> None:
-        try:
-            result.append((True, run()))
-        except BaseException as exc:  # noqa: BLE001 — raised again in the test's thread
-            result.append((False, exc))
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not result:
-        pytest.fail(f"no result within {seconds} s (the two processes wait for each other?)")
-    ok, value = result[0]
-    if not ok:
-        raise value
-    return value
 
 
 def _both(**fields) -> tuple[dict, dict]:
@@ -259,13 +222,13 @@ def test_large_tensors_shared_as_they_are_on_the_gpu_report_the_same(monkeypatch
 
 
 def test_a_kept_model_of_a_local_checkpoint_is_not_reused_once_its_files_change(tmp_path) -> None:
-    from ulptrace.concurrent import _key
+    from ulptrace.processes import model_key
 
     (tmp_path / "config.json").write_text("{}")
-    before = _key(RunConfig(model=str(tmp_path)))
+    before = model_key(RunConfig(model=str(tmp_path)))
     (tmp_path / "model.safetensors").write_bytes(b"new weights")
-    assert _key(RunConfig(model=str(tmp_path))) != before
-    assert _key(RunConfig(model="tiny-llama")) == _key(RunConfig(model="tiny-llama"))
+    assert model_key(RunConfig(model=str(tmp_path))) != before
+    assert model_key(RunConfig(model="tiny-llama")) == model_key(RunConfig(model="tiny-llama"))
 
 
 def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:

@@ -1,0 +1,96 @@
+"""``onset --judge-workers N``: the oracle judging in processes of its own gives the report judging in this process
+gives — every verdict, boundary, error distance and onset — and a worker that fails is raised here, never read as a
+clean run.
+
+Each new pool starts processes (imports, a second of CPU each and more on CI's two cores): few runs, small shapes."""
+
+from __future__ import annotations
+
+import pytest
+from onset_reports import essentials, report, within
+from ulptrace import judging
+from ulptrace.cli import main
+from ulptrace.run import RunConfig
+
+SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
+
+
+def _verdicts(data: dict) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for site in data["sites"]:
+        for verdict, count in (site.get("verdicts") or {}).items():
+            totals[verdict] = totals.get(verdict, 0) + count
+    return totals
+
+
+def test_judged_in_processes_the_report_is_judging_heres_and_the_processes_are_kept() -> None:
+    judging.shutdown()
+    fields = {**SMALL, "model": "tiny-qwen3.5", "candidate": "kernels:fused"}
+    here = report(RunConfig(**fields))
+    there = within(180, lambda: report(RunConfig(**fields, judge_workers=2)))
+    assert essentials(there) == essentials(here)
+    totals = _verdicts(here)
+    assert totals["tie"] + totals["boundary"] > 0, "records that differ were judged (not only exact ones)"
+    assert there["run"]["judging"]["processes"] == 2
+    assert there["run"]["judging"]["pairs_judged_there"] > 0
+    kept = list(judging._IDLE.values())
+    assert len(kept) == 1 and all(p.is_alive() for p in kept[0].processes)
+    pids = [p.pid for p in kept[0].processes]
+    again = within(120, lambda: report(RunConfig(**fields, judge_workers=2)))  # the kept processes, their model
+    assert essentials(again) == essentials(here)
+    assert [p.pid for p in next(iter(judging._IDLE.values())).processes] == pids
+    judging.shutdown()
+    assert not judging._IDLE and not any(p.is_alive() for p in kept[0].processes)
+
+
+def test_judged_in_processes_beside_a_concurrent_reference_the_report_is_the_same() -> None:
+    """Both helpers at once, the other family, a candidate with errors of its own: the reference's records arrive from
+    its process and are judged in a third."""
+    fields = {**SMALL, "prompt_len": 16, "model": "tiny-llama", "candidate": "generation_candidates:glu_error_at_step_2"}
+    here = report(RunConfig(**fields))
+    there = within(180, lambda: report(RunConfig(**fields, concurrent=True, judge_workers=1)))
+    assert essentials(there) == essentials(here)
+    assert _verdicts(here)["error"] > 0, "the planted error was judged"
+    judging.shutdown()
+
+
+def test_a_judging_process_that_dies_is_an_error_not_a_hang(monkeypatch) -> None:
+    submit = judging.JudgePool.submit
+
+    def submit_then_kill(self, reference, candidate):
+        pending = submit(self, reference, candidate)
+        for process in self._workers.processes:  # killed as the system's OOM killer would
+            process.kill()
+            process.join()
+        return pending
+
+    monkeypatch.setattr(judging.JudgePool, "submit", submit_then_kill)
+    cfg = RunConfig(**{**SMALL, "prompt_len": 16}, model="tiny-llama",
+                    candidate="generation_candidates:glu_error_at_step_2", judge_workers=1)
+    with pytest.raises(RuntimeError, match=r"judging process 0 ended without answering \(exit code -9\)"):
+        within(120, lambda: report(cfg))
+    assert not judging._IDLE, "a failed pool is not kept"
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--judge-workers", "2", "--no-oracle"], "--judge-workers is the number of processes the oracle judges in"),
+    (["--judge-workers", "-1"], "but got -1"),
+])
+def test_judge_workers_refused_where_it_would_be_ignored_or_meaningless(flags, said, capsys) -> None:
+    assert main(["onset", "--model", "tiny-llama", "--prompts", "1", "--prompt-len", "4", "--new-tokens", "1",
+                 *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("concurrent", [False, True], ids=["sequential", "concurrent"])
+def test_judged_in_processes_on_the_gpu_the_report_is_judging_heres(concurrent, cuda_kernels) -> None:
+    """On a GPU each pair goes to its judging process through CUDA IPC (one arena, a copy); with ``--concurrent`` the
+    reference's records arrive through CUDA IPC from a third process first."""
+    fields = {**SMALL, "device": "cuda", "model": "tiny-qwen3.5", "candidate": "kernels:fused"}
+    here = report(RunConfig(**fields))
+    there = within(300, lambda: report(RunConfig(**fields, concurrent=concurrent, judge_workers=2)))
+    assert essentials(there) == essentials(here)
+    assert there["run"]["judging"]["pairs_judged_there"] > 0
+    judging.shutdown()

@@ -1,0 +1,308 @@
+"""The oracle's judging spread over worker processes beside the run (``onset --judge-workers N``).
+
+Why: judging a differing record replays its site's semantics with intervals — some 420 small ops per record, each a
+few microseconds of host dispatch (``bench/RESULTS.md``, P3) — so an onset with the oracle is bound by one host
+core's dispatch, not by the device or the memory. A record's verdicts depend only on its two records and the
+reference model's semantics, so records can be judged anywhere, in any order: N processes judging at once use N host
+cores (``bench/bench_judge_scaling.py`` measures the throughput N processes give on one device).
+
+How: :class:`JudgePool` starts N judging processes (spawned) that import what a run needs while this side builds its
+models, then sends them one twin of the reference model as built (``start``; its memory shared through CUDA IPC or
+shared memory, the weights not drawn again — each applies the reference path to it and builds its own
+``OracleJudge``). :meth:`JudgePool.judge` wraps this side's ``OracleJudge``: a pair that needs no replay (a site
+without semantics, an input missing, bitwise-equal outputs) is answered here at once; any other is packed into one
+arena (``ulptrace.processes.pack``: a copy, so the run may reuse its memory) and sent to the least busy worker, and
+its answer is a :class:`Pending` that ``ulptrace.comparison.finish_diffs`` reads — the run goes on meanwhile. At most
+``AHEAD`` pairs per worker are in flight (the run then waits for an answer), so what waits stays bounded. Every worker
+judges with the same semantics on the same device, so the verdicts are those of judging in this process (tested:
+identical reports). A worker's failure is raised here with its traceback; a worker that dies, with its exit code. A
+clean run's workers are kept, with their model, for the next onset of the same model and worker count (``shutdown``
+stops them), as the reference process is (``ulptrace.concurrent``).
+
+Memory: each worker holds its CUDA context and its replay's temporaries (float64 intervals of one record at a time),
+and the workers together one twin of the reference model; the pairs in flight are copies (at most ``AHEAD`` per
+worker).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import traceback
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+import torch
+from ulptrace.paths import is_user_path
+from ulptrace.processes import (
+    GUARD,
+    POLL_S,
+    Orphaned,
+    Unpacked,
+    child_get,
+    child_put,
+    model_key,
+    note_unsent,
+    pack,
+    parent_get,
+    pickled_error,
+    prepare_imports,
+    record_metas,
+    remote_error,
+    spawn_context,
+)
+from ulptrace.trace import Record
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11; annotations are not evaluated here
+
+AHEAD = 4  # pairs in flight per worker before the run waits for an answer
+
+_SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the parent could not send
+
+
+def _serve(commands: Any, answers: Any) -> None:
+    """A judging process: ``("prepare", cfg)`` imports what a run needs; ``("open", cfg, model)`` applies ``cfg``'s
+    reference path to ``model`` (the parent's twin; None: the one this process holds) and builds the judge;
+    ``("judge", index, arenas, metas)`` judges the pair and answers ``("answer", index, result)``; ``("close",)``
+    undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
+    the parent stops this process."""
+    note_unsent(answers, _SENT_ERRORS)
+    torch.set_num_threads(1)  # N of them judge at once, each bound by its op dispatch: intra-op threads only contend
+    model: Any = None
+    judge: Any = None
+    stack = ExitStack()
+    while (command := child_get(commands, _SENT_ERRORS)) is not None:
+        try:
+            if command[0] == "prepare":
+                prepare_imports(command[1])
+            elif command[0] == "open":
+                from ulptrace.paths import apply_path
+                from ulptrace.verdicts import OracleJudge
+
+                cfg, shipped = command[1], command[2]
+                model = shipped if shipped is not None else model
+                stack = ExitStack()
+                stack.enter_context(apply_path(model, cfg.reference))
+                judge = OracleJudge(model, judge_reference=cfg.check_reference)
+            elif command[0] == "judge":
+                arenas = [torch.frombuffer(bytearray(a), dtype=torch.uint8) if isinstance(a, bytes) else a
+                          for a in command[2]]
+                index, views, metas = command[1], Unpacked(arenas), command[3]
+                del arenas
+                command = None
+                reference, candidate = (views.record(meta) for meta in metas)
+                result = judge(reference, candidate)
+                del reference, candidate, views  # this process's hold on the parent's memory, released now
+                child_put(answers, ("answer", index, result))
+            elif command[0] == "close":
+                judge = None
+                stack.close()
+        except Orphaned:
+            raise
+        except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
+            child_put(answers, ("error", traceback.format_exc(), pickled_error(exc)))
+    answers.close()
+    answers.join_thread()
+    os._exit(0)
+
+
+class _Workers:
+    """The judging processes, each with its command queue, and the one queue they all answer on."""
+
+    def __init__(self, count: int) -> None:
+        context = spawn_context()
+        self.count = count
+        self.model_key: tuple | None = None  # whose model the processes hold
+        self.shipped: Any = None  # the twin whose memory they use: kept alive here while they live
+        self.answers = context.Queue()
+        self.unsent: list[BaseException] = []  # what a command queue could not send (the model, say)
+        self.commands = [context.Queue() for _ in range(count)]
+        for queue in self.commands:
+            note_unsent(queue, self.unsent)
+        self.processes = [context.Process(target=_serve, args=(queue, self.answers), daemon=True,
+                                          name=f"ulptrace-judge-{i}") for i, queue in enumerate(self.commands)]
+        for process in self.processes:
+            process.start()
+
+    def gone(self) -> str | None:
+        """Why a worker is no longer there (None: all alive)."""
+        for i, process in enumerate(self.processes):
+            if not process.is_alive():
+                return f"judging process {i} ended without answering (exit code {process.exitcode}); {GUARD}"
+        return None
+
+    def send_all(self, command: tuple) -> None:
+        for queue in self.commands:
+            queue.put(command)
+
+    def stop(self, *, idle: bool = False) -> None:
+        """End the processes: idle ones are asked to (they exit as a process does), busy or failed ones killed."""
+        if idle:
+            self.send_all(None)
+            for process in self.processes:
+                process.join(timeout=5 * POLL_S)
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for queue in (*self.commands, self.answers):
+            queue.close()
+        self.shipped = None
+
+
+_IDLE: dict[tuple, _Workers] = {}  # judging processes kept after a clean run, by (model key, count) (at most one set)
+
+
+def shutdown() -> None:
+    """Stop the judging processes kept for the next onset (they hold their model's memory while they wait); also
+    done when this process exits."""
+    while _IDLE:
+        _IDLE.popitem()[1].stop(idle=True)
+
+
+atexit.register(shutdown)
+
+
+class Pending:
+    """A pair's answer on its way from a judging process: :meth:`result` waits for it."""
+
+    def __init__(self, pool: JudgePool, index: int) -> None:
+        self._pool, self._index = pool, index
+
+    def result(self) -> dict[str, Any] | None:
+        return self._pool.result(self._index)
+
+
+class JudgePool:
+    """``workers`` judging processes for ``cfg``'s reference semantics (model, reference path, ``check_reference``).
+
+    A context manager: entered, it takes the kept processes of the same model and count or starts new ones (which
+    import what a run needs while this side builds); ``start(model)`` sends the model; :meth:`judge` wraps this side's
+    ``OracleJudge``. On a clean exit (every answer read) the processes are kept for the next onset of the same model,
+    unless the reference path is the user's own code (the kept processes would run the code they imported then);
+    after a failure here or there they are stopped.
+    """
+
+    def __init__(self, cfg: Any, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"a judging pool needs at least one worker, but got {workers}")
+        self.cfg = cfg
+        self.count = workers
+        self._workers: _Workers | None = None
+        self._key = (model_key(cfg), workers)
+        self._answers: dict[int, dict[str, Any] | None] = {}
+        self._busy: dict[int, int] = {}  # index in flight -> its worker
+        self._held: dict[int, list[torch.Tensor]] = {}  # index in flight -> its arenas (alive until answered)
+        self._next = 0
+        self._started = False
+        self.failure: BaseException | None = None
+        self.judged = 0  # pairs sent to the workers (the rest were answered here without a replay)
+
+    def __enter__(self) -> Self:
+        workers = _IDLE.pop(self._key, None)
+        if workers is None or workers.gone() is not None:
+            if workers is not None:
+                workers.stop()
+            shutdown()  # one set of kept processes at most
+            workers = _Workers(self.count)
+            workers.send_all(("prepare", self.cfg))
+        self._workers = workers
+        return self
+
+    def start(self, model: Any = None) -> None:
+        """Open the run: processes without ``cfg``'s model are sent one twin of ``model`` (this side's freshly built
+        reference model, before its path is applied), shared by all of them."""
+        from ulptrace.models import twin
+
+        workers = self._open()
+        shipped = None
+        if workers.model_key != model_key(self.cfg):
+            if model is None:
+                raise ValueError("the judging processes hold no model yet: start() needs the reference model")
+            shipped = twin(model)
+            workers.model_key, workers.shipped = model_key(self.cfg), shipped
+        workers.send_all(("open", self.cfg, shipped))
+        self._started = True
+
+    def judge(self, local: Any) -> Any:
+        """A ``SiteJudge`` for ``StreamingComparator``/``compare``: ``local`` (this side's ``OracleJudge`` of the
+        same semantics) answers what needs no replay, the workers the rest (a :class:`Pending`)."""
+
+        def judged(reference: Record, candidate: Record) -> Any:
+            answer = local.without_replay(reference, candidate)
+            return answer if answer is not None else self.submit(reference, candidate)
+
+        return judged
+
+    def submit(self, reference: Record, candidate: Record) -> Pending:
+        """Send a pair to the least busy worker (after waiting for an answer while every worker has ``AHEAD`` pairs
+        in flight); its tensors are copied into one arena first."""
+        workers = self._open()
+        if not self._started:
+            raise RuntimeError("the judging processes were not started (JudgePool.start)")
+        while len(self._busy) >= AHEAD * workers.count:
+            self._receive()
+        load = [0] * workers.count
+        for worker in self._busy.values():
+            load[worker] += 1
+        worker = load.index(min(load))
+        tensors = [t for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
+        arenas, specs = pack(tensors)
+        index, self._next = self._next, self._next + 1
+        self._busy[index], self._held[index] = worker, arenas
+        # a host arena goes as bytes through the pipe: for one pair's few kilobytes or megabytes that costs less than
+        # moving it into shared memory and passing its descriptor (a CUDA one is shared through IPC)
+        wired = [a if a is None or a.is_cuda else a.numpy().tobytes() for a in arenas]
+        workers.commands[worker].put(("judge", index, wired, record_metas((reference, candidate), specs)))
+        self.judged += 1
+        return Pending(self, index)
+
+    def result(self, index: int) -> dict[str, Any] | None:
+        """The answer to the pair sent as ``index`` (waiting for it)."""
+        while index not in self._answers:
+            self._receive()
+        return self._answers.pop(index)
+
+    def _receive(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        workers = self._open()
+        try:
+            item = parent_get(workers.answers, workers.unsent, workers.gone)
+        except RuntimeError as exc:
+            self.failure = exc
+            raise
+        if item[0] == "error":
+            self.failure = remote_error(*item[1:], "judging a record")
+            raise self.failure
+        index, result = item[1], item[2]
+        self._answers[index] = result
+        del self._busy[index]
+        self._held.pop(index)
+
+    def _open(self) -> _Workers:
+        if self._workers is None:
+            raise RuntimeError("the judging pool is not open (JudgePool is a context manager)")
+        return self._workers
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        workers = self._workers
+        if workers is None:
+            return
+        clean = exc_type is None and self.failure is None
+        try:
+            while clean and self._busy:  # every answer read: nothing of this side's memory is still in use there
+                self._receive()
+        except BaseException:
+            clean = False
+            raise
+        finally:
+            self._workers = None
+            self._held.clear()
+            if clean and workers.gone() is None and not is_user_path(self.cfg.reference):
+                if self._started:
+                    workers.send_all(("close",))
+                _IDLE[self._key] = workers  # kept: memory they share stays valid while they live
+            else:
+                workers.stop()
