@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-VOLATILE = ("versions", "device", "path_info", "observation", "reference_process", "judging")
+VOLATILE = ("versions", "device", "path_info", "observation", "reference_process", "judging_processes")
 GOALS = ("P1", "P2", "P3", "P5")
 
 

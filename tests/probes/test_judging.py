@@ -31,8 +31,8 @@ def test_judged_in_processes_the_report_is_judging_heres_and_the_processes_are_k
     assert essentials(there) == essentials(here)
     totals = _verdicts(here)
     assert totals["tie"] + totals["boundary"] > 0, "records that differ were judged (not only exact ones)"
-    assert there["run"]["judging"]["processes"] == 2
-    assert there["run"]["judging"]["pairs_judged_there"] > 0
+    assert there["run"]["judging_processes"]["processes"] == 2
+    assert there["run"]["judging_processes"]["pairs_judged_there"] > 0
     kept = list(judging._IDLE.values())
     assert len(kept) == 1 and all(p.is_alive() for p in kept[0].processes)
     pids = [p.pid for p in kept[0].processes]
@@ -92,5 +92,5 @@ def test_judged_in_processes_on_the_gpu_the_report_is_judging_heres(concurrent, 
     here = report(RunConfig(**fields))
     there = within(300, lambda: report(RunConfig(**fields, concurrent=concurrent, judge_workers=2)))
     assert essentials(there) == essentials(here)
-    assert there["run"]["judging"]["pairs_judged_there"] > 0
+    assert there["run"]["judging_processes"]["pairs_judged_there"] > 0
     judging.shutdown()
