@@ -393,3 +393,34 @@ def test_a_reference_process_whose_parent_is_killed_exits() -> None:
         time.sleep(0.5)
     os.kill(child, signal.SIGKILL)
     pytest.fail("the reference process outlived its killed parent by two minutes")
+
+
+class _Seen(BaseException):  # past the CLI's handling of errors
+    pass
+
+
+@pytest.mark.parametrize("device, flags, expected", [
+    ("cpu", [], False), ("cpu", ["--concurrent"], True), ("cuda", [], True), ("cuda", ["--no-concurrent"], False),
+    ("cuda", ["--tp", "2", "--no-oracle"], False),
+])
+def test_the_command_runs_the_reference_in_its_own_process_by_default_on_a_gpu(device, flags, expected,
+                                                                               monkeypatch) -> None:
+    """``ulptrace onset`` on a CUDA device runs ``--concurrent`` unless told ``--no-concurrent`` (a command took
+    0.8-0.9x the time on the H200, the same report); on a CPU, whose cores the two processes would share, and with
+    ``--tp`` it does not."""
+    import ulptrace.probes.onset as onset_module
+    import ulptrace.probes.tp_onset as tp_module
+    import ulptrace.run as run_module
+
+    seen: list[RunConfig] = []
+
+    def capture(cfg, *args, **kwargs):
+        seen.append(cfg)
+        raise _Seen
+
+    monkeypatch.setattr(run_module, "check_device", lambda name: torch.device(device))
+    monkeypatch.setattr(onset_module, "run_onset", capture)
+    monkeypatch.setattr(tp_module, "run_onset_tp", capture)
+    with pytest.raises(_Seen):
+        main(["onset", "--model", "tiny-llama", "--device", "cpu", *flags])
+    assert seen[0].concurrent is expected
