@@ -274,12 +274,13 @@ def main() -> None:
                               "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
+    # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
-            "reference_memory": args.reference_memory, "concurrent": args.concurrent}
+            "reference_memory": args.reference_memory, **({"concurrent": True} if args.concurrent else {})}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
     cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
-                     judge_workers=args.judge_workers)
+                     **({"judge_workers": args.judge_workers} if args.judge_workers else {}))
     if args.reports_only:
         if not args.reports:
             p.error("--reports-only needs --reports DIR")

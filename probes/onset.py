@@ -236,9 +236,7 @@ def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[s
     path patches process-wide state). The candidate's path is undone before this returns.
     Memory: every selected record of both runs — select sites (e.g. norm kinds) for long runs.
     """
-    if cfg.concurrent:
-        raise ValueError("record_pair keeps both traces in this process (its caller judges them); concurrent=True is "
-                         "run_onset's, which streams the reference in: use run_onset, or leave concurrent off")
+    cfg.refuse_onset_only("record_pair keeps both traces in this process (its caller judges them)")
     ref_model, cand_model, prompts = build_pair(cfg)
     ref_applied = stack.enter_context(apply_path(ref_model, cfg.reference))
     ref_tokens, ref_rec = record_generation(ref_model, cfg, "reference", prompts, ref_applied.info)

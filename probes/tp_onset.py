@@ -54,6 +54,7 @@ def run_onset_tp(cfg: RunConfig, tp: int, *, reference_dir: str | Path | None = 
     try:
         TP.preflight(cfg.model, tp, cfg.device)
         cfg.validate()
+        cfg.refuse_onset_only(f"a tensor-parallel onset runs one process per rank ({tp})")
         resolve_path(cfg.reference), resolve_path(cfg.candidate)
         if cfg.candidate_mode != "eager":
             raise TP.TPError(f"--candidate-mode {cfg.candidate_mode}: a tensor-parallel candidate runs eager (HF's "

@@ -76,6 +76,14 @@ class RunConfig:
     judge_workers: int = 0  # run_onset only: the oracle judges in this many processes of its own (0: in this one)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def refuse_onset_only(self, caller: str) -> None:
+        """Raise ``ValueError`` when a field only ``run_onset`` reads is set (``concurrent``, ``judge_workers``):
+        ``caller`` (what is running, and how) would ignore it."""
+        given = [f"{name}={getattr(self, name)!r}" for name in ("concurrent", "judge_workers") if getattr(self, name)]
+        if given:
+            raise ValueError(f"{caller}; {' and '.join(given)} is run_onset's (helper processes beside an onset): "
+                             "use run_onset, or leave it at its default")
+
     def validate(self) -> None:
         """Check what can be checked before any model is built; raises ``ValueError`` naming the field."""
         for name in ("reference_mode", "candidate_mode"):

@@ -170,6 +170,8 @@ def test_concurrent_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
 
     with ExitStack() as stack, pytest.raises(ValueError, match="concurrent=True is run_onset's"):
         record_pair(RunConfig(concurrent=True, **SMALL), stack)
+    with ExitStack() as stack, pytest.raises(ValueError, match="judge_workers=2 is run_onset's"):
+        record_pair(RunConfig(judge_workers=2, **SMALL), stack)  # accepted and ignored, it would read as judged there
 
 
 def test_greedy_fed_by_a_function_feeds_what_a_tensor_feeds() -> None:
