@@ -17,7 +17,7 @@ if [ "${TESTS:-}" != none ]; then
 fi
 for i in $(seq ${CLI:-2}); do  # wall seconds of the whole command: imports, builds, both runs, the report
     for mode in sequential concurrent; do
-        flag=$([ $mode = concurrent ] && echo --concurrent)
+        flag=$([ $mode = concurrent ] && echo --concurrent || echo --no-concurrent)  # on CUDA the default is on
         s=$( { time timeout 200 $ONSET $flag --json /tmp/cli_${mode}_$i.json > /dev/null 2> /tmp/cli_${mode}_$i.err; } 2>&1 )
         echo "cli $mode $i: $s s" | tee -a $OUT/cli.log
     done

@@ -21,7 +21,7 @@ done
 if [ "${CLI:-0}" != 0 ]; then
     for w in 0 ${WORKERS##* }; do
         s=$( { time timeout 200 ulptrace onset --model qwen3.5-0.8b --device cuda --candidate kernels:fused --prompts 2 \
-            --prompt-len 32 --new-tokens 4 --quiet --judge-workers $w --json /tmp/cli_$w.json > /dev/null \
+            --prompt-len 32 --new-tokens 4 --quiet --no-concurrent --judge-workers $w --json /tmp/cli_$w.json > /dev/null \
             2> /tmp/cli_$w.err; } 2>&1 )
         echo "cli onset with the oracle, 2 x 32, 4 steps, --judge-workers $w: $s s" | tee -a $OUT/p3.log
     done

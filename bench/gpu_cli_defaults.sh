@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: `ulptrace onset` as a user runs it on CUDA, with its defaults (the reference in a process of its own)
+# against --no-concurrent, each a fresh process, their reports compared less what says when and in which process:
+# tiny-qwen3.5 with the candidate replayed as CUDA graphs and the oracle; the 0.8B shape with the oracle (P3's workload)
+# judged in 4 processes (--judge-workers 4) against judged here. Logs under $OUT.
+set -uo pipefail
+export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 TIMEFORMAT=%R
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
+python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
+run() {  # name, then the onset's arguments
+    local name=$1; shift
+    s=$( { time timeout 150 ulptrace onset --device cuda --candidate kernels:fused --quiet --json /tmp/$name.json "$@" \
+        > /dev/null 2> /tmp/$name.err; } 2>&1 )
+    echo "$name: $s s, rc $(tail -c 300 /tmp/$name.err | grep -c Traceback) tracebacks" | tee -a $OUT/cli_defaults.log
+}
+equal() {
+    python3 - "$1" "$2" <<'PY' 2>&1 | tee -a $OUT/cli_defaults.log
+import json, sys
+sys.path.insert(0, "bench")
+from bench_trace import VOLATILE, _clean
+a, b = (json.load(open(f"/tmp/{n}.json")) for n in sys.argv[1:])
+print(f"{sys.argv[1]} vs {sys.argv[2]}: reports equal:", _clean(a) == _clean(b), "| sites:", len(a["sites"]),
+      "| reference process:", "reference_process" in a["run"], "/", "reference_process" in b["run"],
+      "| judged in processes:", a["run"].get("judging_processes"), "/", b["run"].get("judging_processes"))
+PY
+}
+TINY="--model tiny-qwen3.5 --prompts 2 --prompt-len 16 --new-tokens 4 --candidate-mode graph"
+run tiny_default $TINY
+run tiny_sequential $TINY --no-concurrent
+equal tiny_default tiny_sequential
+P3="--model qwen3.5-0.8b --prompts 2 --prompt-len 32 --new-tokens 4"
+run p3_default_pool4 $P3 --judge-workers 4
+run p3_sequential_here $P3 --no-concurrent
+equal p3_default_pool4 p3_sequential_here
