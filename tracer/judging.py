@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
 
 AHEAD = 4  # pairs in flight per worker before the run waits for an answer
+AHEAD_BYTES = 1 << 30  # and bytes of pairs in flight (copies): a long prompt's large records wait for answers
 
 _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the parent could not send
 
@@ -64,7 +65,8 @@ _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the pare
 def _serve(commands: Any, answers: Any) -> None:
     """A judging process: ``("prepare", cfg)`` imports what a run needs; ``("open", cfg, model)`` applies ``cfg``'s
     reference path to ``model`` (the parent's twin; None: the one this process holds) and builds the judge;
-    ``("judge", index, arenas, metas)`` judges the pair and answers ``("answer", index, result)``; ``("close",)``
+    answers ``("opened",)``; ``("judge", index, arenas, metas)`` judges the pair and answers ``("answer", index,
+    result)``; ``("close",)``
     undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
     the parent stops this process."""
     note_unsent(answers, _SENT_ERRORS)
@@ -85,6 +87,7 @@ def _serve(commands: Any, answers: Any) -> None:
                 stack = ExitStack()
                 stack.enter_context(apply_path(model, cfg.reference))
                 judge = OracleJudge(model, judge_reference=cfg.check_reference)
+                child_put(answers, ("opened",))
             elif command[0] == "judge":
                 arenas = [torch.frombuffer(bytearray(a), dtype=torch.uint8) if isinstance(a, bytes) else a
                           for a in command[2]]
@@ -195,6 +198,7 @@ class JudgePool:
         self._busy: dict[int, int] = {}  # index in flight -> its worker
         self._held: dict[int, list[torch.Tensor]] = {}  # index in flight -> its arenas (alive until answered)
         self._next = 0
+        self._opening = 0  # workers that have not yet said their run is open (a failure there is said instead)
         self._started = False
         self.failure: BaseException | None = None
         self.judged = 0  # pairs sent to the workers (the rest were answered here without a replay)
@@ -223,6 +227,7 @@ class JudgePool:
             shipped = twin(model)
             workers.model_key, workers.shipped = model_key(self.cfg), shipped
         workers.send_all(("open", self.cfg, shipped))
+        self._opening = workers.count
         self._started = True
 
     def judge(self, local: Any) -> Any:
@@ -241,13 +246,14 @@ class JudgePool:
         workers = self._open()
         if not self._started:
             raise RuntimeError("the judging processes were not started (JudgePool.start)")
-        while len(self._busy) >= AHEAD * workers.count:
+        tensors = [t for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
+        size = sum(t.nbytes for t in tensors)
+        while self._busy and (len(self._busy) >= AHEAD * workers.count or self._held_bytes + size > AHEAD_BYTES):
             self._receive()
         load = [0] * workers.count
         for worker in self._busy.values():
             load[worker] += 1
         worker = load.index(min(load))
-        tensors = [t for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
         arenas, specs = pack(tensors)
         index, self._next = self._next, self._next + 1
         self._busy[index], self._held[index] = worker, arenas
@@ -264,6 +270,10 @@ class JudgePool:
             self._receive()
         return self._answers.pop(index)
 
+    @property
+    def _held_bytes(self) -> int:
+        return sum(a.nbytes for arenas in self._held.values() for a in arenas if a is not None)
+
     def _receive(self) -> None:
         if self.failure is not None:
             raise self.failure
@@ -274,8 +284,11 @@ class JudgePool:
             self.failure = exc
             raise
         if item[0] == "error":
-            self.failure = remote_error(*item[1:], "judging a record")
+            self.failure = remote_error(*item[1:], "a judging process")
             raise self.failure
+        if item[0] == "opened":
+            self._opening -= 1
+            return
         index, result = item[1], item[2]
         self._answers[index] = result
         del self._busy[index]
@@ -292,7 +305,9 @@ class JudgePool:
             return
         clean = exc_type is None and self.failure is None
         try:
-            while clean and self._busy:  # every answer read: nothing of this side's memory is still in use there
+            # every answer read (nothing of this side's memory is still in use there), every worker's opening too (a
+            # failure there is raised, not left for the next run to read)
+            while clean and (self._busy or self._opening):
                 self._receive()
         except BaseException:
             clean = False

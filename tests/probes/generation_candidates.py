@@ -109,3 +109,12 @@ key_drift_seen_at_attention.observed = "the attention cores only (a test path)"
 def raises_when_applied(model):
     """A path that fails as it is applied: what a broken path does in the process that applies it."""
     raise RuntimeError("planted failure while applying the path")
+
+
+def fails_in_a_helper_process(model):
+    """HF itself (nothing changed) in the process that runs the onset, a failure in any process it started: what a path
+    that cannot run there does (e.g. one that needs what only the parent set up)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError("planted failure: this path does not run in a helper process")

@@ -10,6 +10,7 @@ import pytest
 from onset_reports import essentials, report, within
 from ulptrace import judging
 from ulptrace.cli import main
+from ulptrace.paths import PathError
 from ulptrace.run import RunConfig
 
 SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
@@ -93,4 +94,28 @@ def test_judged_in_processes_on_the_gpu_the_report_is_judging_heres(concurrent, 
     there = within(300, lambda: report(RunConfig(**fields, concurrent=concurrent, judge_workers=2)))
     assert essentials(there) == essentials(here)
     assert there["run"]["judging_processes"]["pairs_judged_there"] > 0
+    judging.shutdown()
+
+
+def test_a_path_that_fails_in_a_judging_process_is_raised_here_and_the_pool_not_kept() -> None:
+    """The reference path applied in the judging processes fails there (not here): the run raises that failure, with
+    the processes' traceback, whether or not any pair was sent — never a report judged by nobody, nor a pool kept
+    that the next onset would read the failure from."""
+    judging.shutdown()
+    cfg = RunConfig(**SMALL, model="tiny-llama", reference="generation_candidates:fails_in_a_helper_process",
+                    candidate="generation_candidates:fails_in_a_helper_process", judge_workers=1)
+    with pytest.raises(PathError, match="planted failure: this path does not run in a helper process") as raised:
+        within(120, lambda: report(cfg))  # the two sides are the same: nothing differs, no pair is sent
+    assert "failed in its process" in str(raised.value.__cause__)  # with the judging process's traceback
+    assert not judging._IDLE
+
+
+def test_pairs_held_to_a_byte_budget_report_the_same(monkeypatch) -> None:
+    """With no room for more than one pair in flight (``AHEAD_BYTES`` of one byte) each pair waits for the answer to
+    the one before: the same report, no deadlock."""
+    fields = {**SMALL, "prompt_len": 16, "model": "tiny-llama", "candidate": "generation_candidates:glu_error_at_step_2"}
+    here = report(RunConfig(**fields))
+    monkeypatch.setattr(judging, "AHEAD_BYTES", 1)
+    there = within(180, lambda: report(RunConfig(**fields, judge_workers=2)))
+    assert essentials(there) == essentials(here)
     judging.shutdown()
