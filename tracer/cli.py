@@ -364,15 +364,10 @@ def cmd_onset(args: argparse.Namespace) -> int:
     from ulptrace.probes.onset import run_onset
     from ulptrace.report import to_table
 
-    concurrent = args.concurrent
-    if concurrent is None:  # the default: where it pays (README, --concurrent)
-        from ulptrace.run import check_device
-
-        concurrent = args.tp is None and check_device(args.device).type == "cuda"
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
-                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=concurrent,
+                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=args.concurrent,
                   judge_workers=args.judge_workers)
     if args.tp is not None and (args.concurrent or args.judge_workers):
         what = "--concurrent runs the reference" if args.concurrent else "--judge-workers runs the oracle"
@@ -683,11 +678,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
                         "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
                         "within half of it, host memory after; CPU runs: in place)")
-    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=False,
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
-                        "at once. Default: on for a CUDA device (on the H200 a command took 0.8-0.9x the time it takes "
-                        "without), off on a CPU (the two processes would share its cores) and with --tp")
+                        "at once. On the H200 a command on the 0.8B shape took 0.8-0.9x its time without, one on a "
+                        "tiny model 1.5x (the process's start-up is not paid back); no gain on a CPU (README)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="judge the differing records in N processes of their own while the run goes on (the oracle "
                         "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "

@@ -47,6 +47,7 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
+    exit_now,
     model_key,
     note_unsent,
     pack,
@@ -119,8 +120,7 @@ class _Shipper:
 def _serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
-    stop, it ends at once (``os._exit``: nothing is left to flush — every message was taken — and the interpreter's
-    teardown of torch and CUDA would take a second or more of the parent's exit)."""
+    stop, it ends at once (``processes.exit_now``: nothing is left to flush — every message was taken)."""
     note_unsent(out, _SENT_ERRORS)
     models: dict[tuple, Any] = {}
     runs = 0
@@ -132,9 +132,8 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
             continue
         runs += 1
         _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at))
-    out.close()
-    out.join_thread()
-    os._exit(0)
+    models.clear()  # the parent's twin, its memory shared: released before this process ends
+    exit_now(out)
 
 
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send

@@ -27,7 +27,6 @@ worker).
 from __future__ import annotations
 
 import atexit
-import os
 import traceback
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
+    exit_now,
     model_key,
     note_unsent,
     pack,
@@ -105,9 +105,9 @@ def _serve(commands: Any, answers: Any) -> None:
             raise
         except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
             child_put(answers, ("error", traceback.format_exc(), pickled_error(exc)))
-    answers.close()
-    answers.join_thread()
-    os._exit(0)
+    judge = model = None  # the parent's twin, its memory shared: released before this process ends
+    stack.close()
+    exit_now(answers)
 
 
 class _Workers:

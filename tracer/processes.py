@@ -12,6 +12,7 @@ costs more than small records), each tensor an (arena, offset, dtype, shape) spe
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -81,6 +82,18 @@ def child_put(queue: Any, item: Any) -> None:
         except queue_module.Full:
             if parent_gone():
                 raise Orphaned(0) from None
+
+
+def exit_now(out: Any) -> None:
+    """End a helper process at once, its outgoing queue ``out`` flushed (``os._exit``: the interpreter's teardown of
+    torch and CUDA would take a second or more of the parent's exit). The caller drops what it holds of memory the
+    parent shared first; collected here, so that the parent's CUDA IPC counts are released (a producer whose consumer
+    ended without releasing them warns at its own exit that it "has been terminated before all shared CUDA tensors
+    released")."""
+    gc.collect()
+    out.close()
+    out.join_thread()
+    os._exit(0)
 
 
 def parent_get(queue: Any, unsent: list[BaseException], alive: Callable[[], str | None]) -> Any:

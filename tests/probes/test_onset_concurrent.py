@@ -401,18 +401,11 @@ class _Seen(BaseException):  # past the CLI's handling of errors
     pass
 
 
-@pytest.mark.parametrize("device, flags, expected", [
-    ("cpu", [], False), ("cpu", ["--concurrent"], True), ("cuda", [], True), ("cuda", ["--no-concurrent"], False),
-    ("cuda", ["--tp", "2", "--no-oracle"], False),
-])
-def test_the_command_runs_the_reference_in_its_own_process_by_default_on_a_gpu(device, flags, expected,
-                                                                               monkeypatch) -> None:
-    """``ulptrace onset`` on a CUDA device runs ``--concurrent`` unless told ``--no-concurrent`` (a command took
-    0.8-0.9x the time on the H200, the same report); on a CPU, whose cores the two processes would share, and with
-    ``--tp`` it does not."""
+@pytest.mark.parametrize("flags, expected", [([], False), (["--concurrent"], True), (["--no-concurrent"], False)])
+def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, expected, monkeypatch) -> None:
+    """``ulptrace onset`` runs the reference in a process of its own with ``--concurrent`` only: the process's start-up
+    is paid back on a large model, not on a tiny one (H200: 0.8-0.9x on the 0.8B shape, 1.5x on tiny-qwen3.5)."""
     import ulptrace.probes.onset as onset_module
-    import ulptrace.probes.tp_onset as tp_module
-    import ulptrace.run as run_module
 
     seen: list[RunConfig] = []
 
@@ -420,9 +413,7 @@ def test_the_command_runs_the_reference_in_its_own_process_by_default_on_a_gpu(d
         seen.append(cfg)
         raise _Seen
 
-    monkeypatch.setattr(run_module, "check_device", lambda name: torch.device(device))
     monkeypatch.setattr(onset_module, "run_onset", capture)
-    monkeypatch.setattr(tp_module, "run_onset_tp", capture)
     with pytest.raises(_Seen):
-        main(["onset", "--model", "tiny-llama", "--device", "cpu", *flags])
+        main(["onset", "--model", "tiny-llama", *flags])
     assert seen[0].concurrent is expected
