@@ -4,7 +4,10 @@ Why: judging a differing record replays its site's semantics with intervals — 
 few microseconds of host dispatch (``bench/RESULTS.md``, P3) — so an onset with the oracle is bound by one host
 core's dispatch, not by the device or the memory. A record's verdicts depend only on its two records and the
 reference model's semantics, so records can be judged anywhere, in any order: N processes judging at once use N host
-cores (``bench/bench_judge_scaling.py`` measures the throughput N processes give on one device).
+cores. On one GPU they also share the device, by time-slicing (no MPS): on the H200, N processes each judging P3's
+record pairs had 1.79x one's throughput at 4 and 2.07x at 8 (``bench/bench_judge_scaling.py``), and P3's warm onset
+took 8.98 s judged in its own process, 5.92 s in 4 judging processes, 5.28 s in 8 (``bench/RESULTS.md``, twelfth
+round). A new pool's start-up (imports in N processes) is paid back only by a long run or a kept pool.
 
 How: :class:`JudgePool` starts N judging processes (spawned) that import what a run needs while this side builds its
 models, then sends them one twin of the reference model as built (``start``; its memory shared through CUDA IPC or
