@@ -90,8 +90,16 @@ def enumerate_hypotheses(program: Program, shards: Iterable[ShardedReduction] = 
             hypothesis.
 
     Returns:
-        the list; empty when the program has no rounding decision to change.
+        the list; empty when the program has no rounding decision to change. Computed once per program and
+        set of shards (``Program.memo``: a judge enumerates them for every record of a site's shape).
     """
+    key = ("hypotheses", tuple(shards))
+    if key not in program.memo:
+        program.memo[key] = tuple(_enumerate(program, key[1]))
+    return list(program.memo[key])
+
+
+def _enumerate(program: Program, shards: tuple[ShardedReduction, ...]) -> list[Hypothesis]:
     out_ops = program.output_ops()
     narrow = program.narrow_dtype
     missing: list[Hypothesis] = []

@@ -113,6 +113,8 @@ class Program:
         output: value index of the site's output.
         narrow_dtype: the program's narrow dtype (BF16/FP16) used by "rounded to ..." hypotheses, or None.
         live: indices of the ops the output depends on.
+        memo: results of pure functions of the program, computed once (its hypotheses per set of shards:
+            ``ulptrace.oracle.hypotheses.enumerate_hypotheses``); a program is not changed once captured.
     """
 
     name: str | None
@@ -123,6 +125,7 @@ class Program:
     output: int
     narrow_dtype: torch.dtype | None
     live: frozenset[int] = frozenset()
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------------------------------ queries
 
