@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 from ulptrace.oracle.program import Program, ValueRef
-from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, rule_for
+from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, map_args, rule_for
 from ulptrace.oracle.sharding import split_matmul
 
 Reducer = Callable[[torch.Tensor, int], torch.Tensor]
@@ -122,7 +121,7 @@ def replay(
             continue
         where = program.where(op.index)
         rule = rule_for(op.func, where)
-        args, kwargs = tree_map(lambda a, i=op.index: _resolve(values, program, i, a), (op.args, op.kwargs))
+        args, kwargs = map_args(lambda a, i=op.index: _resolve(values, program, i, a), (op.args, op.kwargs))
         out_dtype = program.values[op.outputs[0]].dtype if op.outputs[0] is not None else torch.float32
         compute = I.F64 if out_dtype == I.F64 else torch.float32
         call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs,
@@ -218,7 +217,7 @@ def emulate(program: Program, inputs: Mapping[str, torch.Tensor], reducer: Reduc
     for op in program.ops:
         if op.index not in program.live:
             continue
-        args, kwargs = tree_map(lambda a: values[a.index] if isinstance(a, ValueRef) else a, (op.args, op.kwargs))
+        args, kwargs = map_args(lambda a: values[a.index] if isinstance(a, ValueRef) else a, (op.args, op.kwargs))
         if op.name == "_to_copy":
             kwargs = {k: v for k, v in kwargs.items() if k != "device"}  # stay on the inputs' device
         b = bind(op.func, args, kwargs) if op.name in ("sum", "mean") else {}

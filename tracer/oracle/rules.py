@@ -25,6 +25,7 @@ An op not in the table cannot be replayed; :func:`rule_for` raises an error nami
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_flatten, tree_map
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.attention import ATTENTION_OPS, replay_attention
 from ulptrace.oracle.intervals import Iv
@@ -70,17 +70,45 @@ class Rule:
 def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Arguments of an aten call by schema name, defaults filled in."""
     bound: dict[str, Any] = {}
-    positional = list(args)
-    for arg in func._schema.arguments:
-        if not arg.kwarg_only and positional:
-            bound[arg.name] = positional.pop(0)
-        elif arg.name in kwargs:
-            bound[arg.name] = kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
+    n = len(args)
+    for i, (name, kwarg_only, default) in enumerate(_schema(func)):
+        if not kwarg_only and i < n:
+            bound[name] = args[i]
+        elif name in kwargs:
+            bound[name] = kwargs[name]
         else:
-            bound[arg.name] = None
+            bound[name] = default
     return bound
+
+
+@functools.cache
+def _schema(func: Any) -> tuple[tuple[str, bool, Any], ...]:
+    """An aten op's arguments as (name, keyword-only, default or None), read from its schema once: the replay binds
+    every op's arguments on every record judged, and reading the schema through its bindings costs more than the
+    binding. (Positional arguments precede keyword-only ones in an aten schema, so the i-th argument is positional i.)"""
+    return tuple((a.name, a.kwarg_only, a.default_value if a.has_default_value() else None)
+                 for a in func._schema.arguments)
+
+
+def map_args(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` — an op's arguments: tuples, lists and dicts around leaves — with ``fn`` applied to every leaf. What
+    torch's pytree ``tree_map`` does for these containers (other types, ``torch.Size`` included, are leaves as they
+    are there or hold no value reference), at a fraction of its cost on the replay's path (per op, per record)."""
+    kind = type(tree)
+    if kind is tuple:
+        return tuple(map_args(fn, x) for x in tree)
+    if kind is list:
+        return [map_args(fn, x) for x in tree]
+    if kind is dict:
+        return {k: map_args(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def arg_leaves(tree: Any) -> list[Any]:
+    """The leaves of ``tree`` in :func:`map_args`'s order (``tree_flatten``'s for these containers)."""
+    out: list[Any] = []
+    map_args(out.append, tree)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -98,13 +126,12 @@ def _iv(c: Call, value: Any) -> Iv:
 
 def _componentwise(c: Call) -> Any:
     """Apply the op itself to the lo, hi and pt components (views, selections, monotone maps)."""
-    leaves, _ = tree_flatten((c.args, c.kwargs))
-    ivs = [leaf for leaf in leaves if isinstance(leaf, Iv)]
+    ivs = [leaf for leaf in arg_leaves((c.args, c.kwargs)) if isinstance(leaf, Iv)]
     all_point = all(v.is_point for v in ivs)
     track = all(v.pt is not None for v in ivs)
 
     def run(which: str) -> Any:
-        args, kwargs = tree_map(lambda a: getattr(a, which) if isinstance(a, Iv) else a, (c.args, c.kwargs))
+        args, kwargs = map_args(lambda a: getattr(a, which) if isinstance(a, Iv) else a, (c.args, c.kwargs))
         return c.func(*args, **kwargs)
 
     lo = run("lo")
@@ -363,8 +390,7 @@ def _convert(c: Call) -> Iv:
 
 
 def _compare(c: Call) -> Any:
-    leaves, _ = tree_flatten((c.args, c.kwargs))
-    if not all(leaf.is_point for leaf in leaves if isinstance(leaf, Iv)):
+    if not all(leaf.is_point for leaf in arg_leaves((c.args, c.kwargs)) if isinstance(leaf, Iv)):
         raise UnsupportedOpError(f"{c.where}: a comparison of values that are not exactly known; the oracle "
                                  "replays comparisons of constants only")
     return _componentwise(c)
