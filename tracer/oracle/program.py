@@ -114,7 +114,8 @@ class Program:
         narrow_dtype: the program's narrow dtype (BF16/FP16) used by "rounded to ..." hypotheses, or None.
         live: indices of the ops the output depends on.
         memo: results of pure functions of the program, computed once (its hypotheses per set of shards:
-            ``ulptrace.oracle.hypotheses.enumerate_hypotheses``); a program is not changed once captured.
+            ``ulptrace.oracle.hypotheses.enumerate_hypotheses``; the messages' op locations, ``where``); a program
+            is not changed once captured.
     """
 
     name: str | None
@@ -134,11 +135,13 @@ class Program:
         return self.values[self.output]
 
     def where(self, op_index: int | None = None) -> str:
-        """``"site 'x', op 3 (aten.mul.Tensor)"`` for messages."""
-        site = f"site {self.name!r}" if self.name else "program"
-        if op_index is None:
-            return site
-        return f"{site}, op {op_index} ({self.ops[op_index].target})"
+        """``"site 'x', op 3 (aten.mul.Tensor)"`` for messages (made once per op: the replay hands it to every rule
+        it calls, for the messages they may raise)."""
+        key = ("where", op_index)
+        if key not in self.memo:
+            site = f"site {self.name!r}" if self.name else "program"
+            self.memo[key] = site if op_index is None else f"{site}, op {op_index} ({self.ops[op_index].target})"
+        return self.memo[key]
 
     def kind(self, op_index: int) -> str:
         """The replay kind of an op (see :mod:`ulptrace.oracle.rules`); ``x**2`` is an exact product."""
