@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.attention import ATTENTION_OPS, SEMANTICS, attention_terms
-from ulptrace.oracle.rules import RULES, UnsupportedOpError, bind, op_name, rule_for
+from ulptrace.oracle.rules import RULES, UnsupportedOpError, arg_leaves, bind, map_args, op_name, rule_for
 
 _DTYPE_NAMES = {
     torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
@@ -114,8 +113,8 @@ class Program:
         narrow_dtype: the program's narrow dtype (BF16/FP16) used by "rounded to ..." hypotheses, or None.
         live: indices of the ops the output depends on.
         memo: results of pure functions of the program, computed once (its hypotheses per set of shards:
-            ``ulptrace.oracle.hypotheses.enumerate_hypotheses``; the messages' op locations, ``where``); a program
-            is not changed once captured.
+            ``ulptrace.oracle.hypotheses.enumerate_hypotheses``; the messages' op locations, ``where``; the values'
+            labels); a program is not changed once captured.
     """
 
     name: str | None
@@ -183,7 +182,7 @@ class Program:
             if self.kind(op.index) not in ("view", "select"):
                 found.add(op.index)
                 continue
-            pending += [a.index for a in tree_flatten((op.args, op.kwargs))[0] if isinstance(a, ValueRef)]
+            pending += [a.index for a in arg_leaves((op.args, op.kwargs)) if isinstance(a, ValueRef)]
         return frozenset(found)
 
     def output_op(self) -> int:
@@ -231,17 +230,22 @@ class Program:
         return (f"<Program {self.name or ''}: inputs {list(self.inputs)}, {len(self.ops)} ops, output "
                 f"{dtype_short(out.dtype)} {list(out.shape)}>")
 
-    def __post_init__(self) -> None:
-        self._labels: list[str] = []
-        for value in self.values:
-            if value.kind != "op":
-                self._labels.append(value.name)
-                continue
-            op = self.ops[value.op]  # type: ignore[index]
-            text = self._render(op)
-            if value.output and len([o for o in op.outputs if o is not None]) > 1:
-                text = f"{text}[{value.output}]"
-            self._labels.append(text)
+    @property
+    def _labels(self) -> list[str]:
+        """Every value's label, rendered on first use (messages and printing need them; judging does not)."""
+        labels = self.memo.get("labels")
+        if labels is None:
+            labels = self.memo["labels"] = []  # filled in order: an op's label reads its arguments' labels
+            for value in self.values:
+                if value.kind != "op":
+                    labels.append(value.name)
+                    continue
+                op = self.ops[value.op]  # type: ignore[index]
+                text = self._render(op)
+                if value.output and len([o for o in op.outputs if o is not None]) > 1:
+                    text = f"{text}[{value.output}]"
+                labels.append(text)
+        return labels
 
     def _arg(self, a: Any) -> str:
         if isinstance(a, ValueRef):
@@ -407,8 +411,7 @@ class _Builder:
 
     def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         name = op_name(func)
-        leaves, _ = tree_flatten((args, kwargs))
-        tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+        tensors = [a for a in arg_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         known = [self.lookup(t) for t in tensors]
         if name in _FACTORIES or not tensors:
             return  # a fresh tensor; if the formula uses it, it becomes a constant then
@@ -439,7 +442,7 @@ class _Builder:
         def to_ref(a: Any) -> Any:
             return ValueRef(refs[id(a)]) if isinstance(a, torch.Tensor) else a
 
-        r_args, r_kwargs = tree_map(to_ref, (tuple(args), dict(kwargs)))
+        r_args, r_kwargs = map_args(to_ref, (tuple(args), dict(kwargs)))
         op_index = len(self.ops)
         results = out if isinstance(out, (tuple, list)) else (out,)
         outputs: list[int | None] = []
@@ -491,7 +494,7 @@ def _live(values: list[Value], ops: list[Op], output: int) -> frozenset[int]:
         if not any(o in needed for o in op.outputs if o is not None):
             continue
         live.add(op.index)
-        for a in tree_flatten((op.args, op.kwargs))[0]:
+        for a in arg_leaves((op.args, op.kwargs)):
             if isinstance(a, ValueRef):
                 needed.add(a.index)
     return frozenset(live)
@@ -553,7 +556,7 @@ def capture_semantics(
     for op in builder.ops:
         if op.index in live:
             rule_for(op.func, f"{site}, op {op.index} ({op.func})")
-    used = {a.index for i in live for a in tree_flatten((builder.ops[i].args, builder.ops[i].kwargs))[0]
+    used = {a.index for i in live for a in arg_leaves((builder.ops[i].args, builder.ops[i].kwargs))
             if isinstance(a, ValueRef)}
     if not used & set(builder.inputs.values()):
         raise ValueError("fn's output is not computed from its inputs (it depends on constants only); nothing "
