@@ -50,7 +50,7 @@ def _judge_all(cfg, threads, barrier, results) -> None:
             seconds = time.perf_counter() - start
         differing = sum(not torch.equal(r.out, c.out) for r, c in pairs)
         results.put((seconds, len(pairs), differing))
-    except BaseException as exc:  # noqa: BLE001 — reported by the parent
+    except BaseException as exc:
         import traceback
 
         results.put(("error", traceback.format_exc()))
