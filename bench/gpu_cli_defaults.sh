@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call: `ulptrace onset` as a user runs it on CUDA, with its defaults (the reference in a process of its own)
-# against --no-concurrent, each a fresh process, their reports compared less what says when and in which process:
-# tiny-qwen3.5 with the candidate replayed as CUDA graphs and the oracle; the 0.8B shape with the oracle (P3's workload)
-# judged in 4 processes (--judge-workers 4) against judged here. Logs under $OUT.
+# One device call: `ulptrace onset` as a user runs it on CUDA, with --concurrent against --no-concurrent (the default),
+# each a fresh process, their reports compared less what says when and in which process: tiny-qwen3.5 with the
+# candidate replayed as CUDA graphs and the oracle; the 0.8B shape with the oracle (P3's workload) judged in 4 processes
+# (--judge-workers 4) against judged here. Each run's line counts the tracebacks and torch's warning that a producer
+# "has been terminated before all shared CUDA tensors released" on its stderr (both must be 0). Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 TIMEFORMAT=%R
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -11,7 +12,8 @@ run() {  # name, then the onset's arguments
     local name=$1; shift
     s=$( { time timeout 150 ulptrace onset --device cuda --candidate kernels:fused --quiet --json /tmp/$name.json "$@" \
         > /dev/null 2> /tmp/$name.err; } 2>&1 )
-    echo "$name: $s s, rc $(tail -c 300 /tmp/$name.err | grep -c Traceback) tracebacks" | tee -a $OUT/cli_defaults.log
+    echo "$name: $s s, $(grep -c Traceback /tmp/$name.err) tracebacks, $(grep -c 'Producer process has been terminated' \
+        /tmp/$name.err) IPC warnings" | tee -a $OUT/cli_defaults.log
 }
 equal() {
     python3 - "$1" "$2" <<'PY' 2>&1 | tee -a $OUT/cli_defaults.log
@@ -25,10 +27,10 @@ print(f"{sys.argv[1]} vs {sys.argv[2]}: reports equal:", _clean(a) == _clean(b),
 PY
 }
 TINY="--model tiny-qwen3.5 --prompts 2 --prompt-len 16 --new-tokens 4 --candidate-mode graph"
-run tiny_default $TINY
-run tiny_sequential $TINY --no-concurrent
-equal tiny_default tiny_sequential
+run tiny_concurrent $TINY --concurrent
+run tiny_sequential $TINY
+equal tiny_concurrent tiny_sequential
 P3="--model qwen3.5-0.8b --prompts 2 --prompt-len 32 --new-tokens 4"
-run p3_default_pool4 $P3 --judge-workers 4
-run p3_sequential_here $P3 --no-concurrent
-equal p3_default_pool4 p3_sequential_here
+run p3_concurrent_pool4 $P3 --concurrent --judge-workers 4
+run p3_sequential_here $P3
+equal p3_concurrent_pool4 p3_sequential_here
