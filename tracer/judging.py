@@ -98,7 +98,7 @@ def _serve(commands: Any, answers: Any) -> None:
                 del arenas
                 command = None
                 reference, candidate = (views.record(meta) for meta in metas)
-                result = judge(reference, candidate)
+                result = judge.replayed(reference, candidate)  # the parent's without_replay did not answer it
                 del reference, candidate, views  # this process's hold on the parent's memory, released now
                 child_put(answers, ("answer", index, result))
             elif command[0] == "close":
@@ -235,9 +235,11 @@ class JudgePool:
 
     def judge(self, local: Any) -> Any:
         """A ``SiteJudge`` for ``StreamingComparator``/``compare``: ``local`` (this side's ``OracleJudge`` of the
-        same semantics) answers what needs no replay, the workers the rest (a :class:`Pending`)."""
+        same semantics) answers what needs no replay, the workers replay the rest (a :class:`Pending`)."""
 
         def judged(reference: Record, candidate: Record) -> Any:
+            # moved first to where the workers judge (the reference may wait in host memory): one arena, one device
+            reference, candidate = local.on_device(reference), local.on_device(candidate)
             answer = local.without_replay(reference, candidate)
             return answer if answer is not None else self.submit(reference, candidate)
 
@@ -245,7 +247,8 @@ class JudgePool:
 
     def submit(self, reference: Record, candidate: Record) -> Pending:
         """Send a pair to the least busy worker (after waiting for an answer while every worker has ``AHEAD`` pairs
-        in flight); its tensors are copied into one arena first."""
+        in flight); its tensors, on one device (:meth:`judge` moves them to the judge's), are copied into one arena
+        first."""
         workers = self._open()
         if not self._started:
             raise RuntimeError("the judging processes were not started (JudgePool.start)")

@@ -87,11 +87,20 @@ class OracleJudge:
         return self._programs[key]
 
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
-        # a reference read back from disk is on the CPU; the semantics run where the reference model is
-        reference, candidate = _on(reference, self.device), _on(candidate, self.device)
+        reference, candidate = self.on_device(reference), self.on_device(candidate)
         answer = self.without_replay(reference, candidate)
-        if answer is not None:
-            return answer
+        return answer if answer is not None else self.replayed(reference, candidate)
+
+    def on_device(self, record: Record) -> Record:
+        """``record`` where the semantics run (the reference model's device): a reference read back from disk, or kept
+        in host memory, is on the CPU."""
+        return _on(record, self.device)
+
+    def replayed(self, reference: Record, candidate: Record) -> dict[str, Any]:
+        """The judgement of a pair :meth:`without_replay` did not answer, its records on this judge's device
+        (:meth:`on_device`): the semantics replayed on the candidate's inputs. What ``__call__`` does after
+        ``without_replay``; a judging process of ``ulptrace.judging`` does only this (the pair was sent because
+        this process's ``without_replay`` did not answer it)."""
         site = self.site(reference.site)
         assert site is not None
         # without_replay has answered equal outputs unless the reference is judged too
@@ -113,7 +122,7 @@ class OracleJudge:
         """The answer for a pair that needs no replay of the semantics — a site without them, an oracle input missing,
         bitwise-equal outputs (unless the reference is judged too) — or None: the pair must be judged (the
         records may be on any device). What ``__call__`` answers first; ``ulptrace.judging`` answers it before
-        sending a pair to a judging process."""
+        sending a pair to a judging process, which then calls :meth:`replayed`."""
         site = self.site(reference.site)
         if site is None or site.formula is None:
             return {"verdicts": None, "note": f"no oracle semantics for {reference.kind} site {reference.site}"}

@@ -85,13 +85,15 @@ def test_judge_workers_refused_where_it_would_be_ignored_or_meaningless(flags, s
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("concurrent", [False, True], ids=["sequential", "concurrent"])
-def test_judged_in_processes_on_the_gpu_the_report_is_judging_heres(concurrent, cuda_kernels) -> None:
+@pytest.mark.parametrize("how", [{}, {"concurrent": True}, {"reference_memory": "host"}],
+                         ids=["sequential", "concurrent", "reference-in-host-memory"])
+def test_judged_in_processes_on_the_gpu_the_report_is_judging_heres(how, cuda_kernels) -> None:
     """On a GPU each pair goes to its judging process through CUDA IPC (one arena, a copy); with ``--concurrent`` the
-    reference's records arrive through CUDA IPC from a third process first."""
+    reference's records arrive through CUDA IPC from a third process first; a reference waiting in host memory is
+    moved to the GPU with its candidate before the two are packed."""
     fields = {**SMALL, "device": "cuda", "model": "tiny-qwen3.5", "candidate": "kernels:fused"}
     here = report(RunConfig(**fields))
-    there = within(300, lambda: report(RunConfig(**fields, concurrent=concurrent, judge_workers=2)))
+    there = within(300, lambda: report(RunConfig(**fields, **how, judge_workers=2)))
     assert essentials(there) == essentials(here)
     assert there["run"]["judging_processes"]["pairs_judged_there"] > 0
     judging.shutdown()
