@@ -42,11 +42,11 @@ import torch
 from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
-    POLL_S,
     Orphaned,
     Unpacked,
     child_get,
     child_put,
+    end_processes,
     exit_now,
     model_key,
     note_unsent,
@@ -214,15 +214,7 @@ class _Worker:
     def stop(self, *, idle: bool = False) -> None:
         """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
         or past a failure is killed."""
-        if idle and self.process.is_alive():
-            self.commands.put(None)
-            self.process.join(timeout=5 * POLL_S)
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join()
-        self.commands.close()
-        self.messages.close()
-        self.acks.close()
+        end_processes([self.process], [self.commands, self.messages, self.acks], ask=[self.commands] if idle else None)
         self.shipped = None
 
 

@@ -38,11 +38,11 @@ import torch
 from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
-    POLL_S,
     Orphaned,
     Unpacked,
     child_get,
     child_put,
+    end_processes,
     exit_now,
     model_key,
     note_unsent,
@@ -144,16 +144,7 @@ class _Workers:
 
     def stop(self, *, idle: bool = False) -> None:
         """End the processes: idle ones are asked to (they exit as a process does), busy or failed ones killed."""
-        if idle:
-            self.send_all(None)
-            for process in self.processes:
-                process.join(timeout=5 * POLL_S)
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-            process.join()
-        for queue in (*self.commands, self.answers):
-            queue.close()
+        end_processes(self.processes, [*self.commands, self.answers], ask=self.commands if idle else None)
         self.shipped = None
 
 

@@ -96,6 +96,24 @@ def exit_now(out: Any) -> None:
     os._exit(0)
 
 
+def end_processes(processes: list[Any], queues: list[Any], *, ask: list[Any] | None = None) -> None:
+    """In the parent: end helper ``processes`` and close their ``queues``. With ``ask`` (their command queues, in the
+    same order) each one still alive is sent None — it leaves its loop and ends as a helper does
+    (:func:`exit_now`) — and given a few polls to; any still alive then (busy, failed, or not asked) is killed."""
+    if ask is not None:
+        for process, queue in zip(processes, ask):
+            if process.is_alive():
+                queue.put(None)
+        for process in processes:
+            process.join(timeout=5 * POLL_S)
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+        process.join()
+    for queue in queues:
+        queue.close()
+
+
 def parent_get(queue: Any, unsent: list[BaseException], alive: Callable[[], str | None]) -> Any:
     """In the parent: the next item a helper sent on ``queue``, raising what the parent's queues to it could not
     send (``unsent``) and, once ``alive()`` returns a reason (the helper is gone), that reason."""
