@@ -70,7 +70,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch's intra-op threads per process (0: its default)")
     p.add_argument("--json")
     args = p.parse_args()
+    from bench_trace import check_workload  # this folder: run as python bench/bench_judge_scaling.py
     from ulptrace.run import RunConfig
+
+    check_workload(p, args)  # an unknown model or path, a bad count: one line, before any process starts
+    if min(args.workers) < 1 or args.threads < 0:
+        p.error(f"--workers must be >= 1 and --threads >= 0, but got {args.workers} and {args.threads}")
 
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens)

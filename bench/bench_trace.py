@@ -264,6 +264,8 @@ def main() -> None:
     check_workload(p, args)
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
+    if args.judge_workers < 0:
+        p.error(f"--judge-workers must be >= 0 (0: judged in this process), but got {args.judge_workers}")
     unknown = [g for g in args.goals if g not in GOALS]
     if unknown:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
