@@ -561,7 +561,9 @@ class StreamingComparator:
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
                  metadata: dict[str, Any] | None = None, release: bool = False) -> None:
         self.reference = reference
-        self.judge = judge
+        # a judge that can hold pairs and judge them together (OracleJudge.queued: the replays of one program shared)
+        # is used so; its answers are read in finish_diffs
+        self.judge = judge.queued() if callable(getattr(judge, "queued", None)) else judge
         self.release = release and hasattr(reference, "pop")  # free each reference record once compared
         # a reference that streams in (ulptrace.concurrent.RemoteTrace) knows its keys once it has finished
         self._keys = list(reference.keys()) if self.release and not getattr(reference, "streaming", False) \

@@ -13,18 +13,20 @@ How: :class:`JudgePool` starts N judging processes (spawned) that import what a 
 models, then sends them one twin of the reference model as built (``start``; its memory shared through CUDA IPC or
 shared memory, the weights not drawn again — each applies the reference path to it and builds its own
 ``OracleJudge``). :meth:`JudgePool.judge` wraps this side's ``OracleJudge``: a pair that needs no replay (a site
-without semantics, an input missing, bitwise-equal outputs) is answered here at once; any other is packed into one
-arena (``ulptrace.processes.pack``: a copy, so the run may reuse its memory) and sent to the least busy worker, and
-its answer is a :class:`Pending` that ``ulptrace.comparison.finish_diffs`` reads — the run goes on meanwhile. At most
-``AHEAD`` pairs per worker are in flight (the run then waits for an answer), so what waits stays bounded. Every worker
-judges with the same semantics on the same device, so the verdicts are those of judging in this process (tested:
-identical reports). A worker's failure is raised here with its traceback; a worker that dies, with its exit code. A
-clean run's workers are kept, with their model, for the next onset of the same model and worker count (``shutdown``
-stops them), as the reference process is (``ulptrace.concurrent``).
+without semantics, an input missing, bitwise-equal outputs) is answered here at once; the others are held (up to
+``ulptrace.verdicts.QUEUE_BYTES``, or until an answer is read) and then planned into stacks (``OracleJudge.stacks``:
+records of one program, judged in one replay); each stack is packed into one arena (``ulptrace.processes.pack``: a
+copy, so the run may reuse its memory) and sent to the least busy worker, which judges it with
+``OracleJudge.replayed_many``; each pair's answer is a :class:`Pending` that ``ulptrace.comparison.finish_diffs``
+reads. At most ``AHEAD`` stacks per worker are in flight (the run then waits for an answer), so what waits stays
+bounded. Every worker judges with the same semantics on the same device, so the verdicts are those of judging in
+this process (tested: identical reports). A worker's failure is raised here with its traceback; a worker that dies,
+with its exit code. A clean run's workers are kept, with their model, for the next onset of the same model and worker
+count (``shutdown`` stops them), as the reference process is (``ulptrace.concurrent``).
 
-Memory: each worker holds its CUDA context and its replay's temporaries (float64 intervals of one record at a time),
-and the workers together one twin of the reference model; the pairs in flight are copies (at most ``AHEAD`` per
-worker).
+Memory: each worker holds its CUDA context and its replay's temporaries (float64 intervals of one stack at a time:
+``ulptrace.verdicts.STACK_ELEMENTS``), and the workers together one twin of the reference model; the pairs held are
+the records themselves, those in flight copies (at most ``AHEAD`` stacks per worker).
 """
 
 from __future__ import annotations
@@ -55,11 +57,12 @@ from ulptrace.processes import (
     spawn_context,
 )
 from ulptrace.trace import Record
+from ulptrace.verdicts import QUEUE_BYTES
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
 
-AHEAD = 4  # pairs in flight per worker before the run waits for an answer
+AHEAD = 4  # stacks of pairs in flight per worker before the run waits for an answer
 AHEAD_BYTES = 1 << 30  # and bytes of pairs in flight (copies): a long prompt's large records wait for answers
 
 _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the parent could not send
@@ -68,8 +71,8 @@ _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the pare
 def _serve(commands: Any, answers: Any) -> None:
     """A judging process: ``("prepare", cfg)`` imports what a run needs; ``("open", cfg, model)`` applies ``cfg``'s
     reference path to ``model`` (the parent's twin; None: the one this process holds) and builds the judge;
-    answers ``("opened",)``; ``("judge", index, arenas, metas)`` judges the pair and answers ``("answer", index,
-    result)``; ``("close",)``
+    answers ``("opened",)``; ``("judge", index, arenas, metas)`` judges the pairs (``OracleJudge.replayed_many``:
+    a stack the parent planned) and answers ``("answer", index, results)``; ``("close",)``
     undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
     the parent stops this process."""
     note_unsent(answers, _SENT_ERRORS)
@@ -97,9 +100,10 @@ def _serve(commands: Any, answers: Any) -> None:
                 index, views, metas = command[1], Unpacked(arenas), command[3]
                 del arenas
                 command = None
-                reference, candidate = (views.record(meta) for meta in metas)
-                result = judge.replayed(reference, candidate)  # the parent's without_replay did not answer it
-                del reference, candidate, views  # this process's hold on the parent's memory, released now
+                records = [views.record(meta) for meta in metas]
+                pairs = list(zip(records[::2], records[1::2], strict=True))
+                result = judge.replayed_many(pairs)  # the parent's without_replay did not answer them
+                del records, pairs, views  # this process's hold on the parent's memory, released now
                 child_put(answers, ("answer", index, result))
             elif command[0] == "close":
                 judge = None
@@ -164,11 +168,69 @@ atexit.register(shutdown)
 class Pending:
     """A pair's answer on its way from a judging process: :meth:`result` waits for it."""
 
-    def __init__(self, pool: JudgePool, index: int) -> None:
-        self._pool, self._index = pool, index
+    def __init__(self, queue: _PoolQueue, index: int) -> None:
+        self._queue, self._index = queue, index
 
     def result(self) -> dict[str, Any] | None:
-        return self._pool.result(self._index)
+        return self._queue.result(self._index)
+
+
+class _PoolQueue:
+    """``JudgePool.judge``'s ``SiteJudge``: pairs held until an answer is read or ``QUEUE_BYTES`` are held, then sent
+    as the stacks ``OracleJudge.stacks`` plans (a pair of ``LIVE_BYTES`` or more, maybe the model's own value, is sent
+    at once: packing copies it)."""
+
+    def __init__(self, pool: JudgePool, local: Any) -> None:
+        self.pool, self.local = pool, local
+        self._held: list[tuple[int, Record, Record]] = []
+        self._bytes = 0
+        self._sent: dict[int, tuple[int, int]] = {}  # pair -> (the stack's index in the pool, its place there)
+        self._stacks: dict[int, list[dict[str, Any]]] = {}  # answers of a stack not all read yet
+        self._unread: dict[int, int] = {}
+        self._next = 0
+
+    def __call__(self, reference: Record, candidate: Record) -> Any:
+        from ulptrace.record import LIVE_BYTES
+
+        # moved first to where the workers judge (the reference may wait in host memory): one arena, one device
+        reference, candidate = self.local.on_device(reference), self.local.on_device(candidate)
+        answer = self.local.without_replay(reference, candidate)
+        if answer is not None:
+            return answer
+        index, self._next = self._next, self._next + 1
+        sizes = [t.nbytes for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
+        if max(sizes) >= LIVE_BYTES:
+            self._send([(index, reference, candidate)])
+        else:
+            self._held.append((index, reference, candidate))
+            self._bytes += sum(sizes)
+            if self._bytes >= QUEUE_BYTES:
+                self.flush()
+        return Pending(self, index)
+
+    def flush(self) -> None:
+        """Send every pair held, a stack to a worker."""
+        held, self._held, self._bytes = self._held, [], 0
+        for stack in self.local.stacks([(r, c) for _, r, c in held]):
+            self._send([held[i] for i, _ in stack])
+
+    def _send(self, pairs: list[tuple[int, Record, Record]]) -> None:
+        sent = self.pool.submit([(r, c) for _, r, c in pairs])
+        self._unread[sent] = len(pairs)
+        for place, (index, _, _) in enumerate(pairs):
+            self._sent[index] = (sent, place)
+
+    def result(self, index: int) -> dict[str, Any]:
+        if index not in self._sent:
+            self.flush()
+        sent, place = self._sent.pop(index)
+        if sent not in self._stacks:
+            self._stacks[sent] = self.pool.result(sent)
+        answers = self._stacks[sent]
+        self._unread[sent] -= 1
+        if not self._unread[sent]:
+            del self._stacks[sent], self._unread[sent]
+        return answers[place]
 
 
 class JudgePool:
@@ -188,7 +250,7 @@ class JudgePool:
         self.count = workers
         self._workers: _Workers | None = None
         self._key = (model_key(cfg), workers)
-        self._answers: dict[int, dict[str, Any] | None] = {}
+        self._answers: dict[int, list[dict[str, Any]]] = {}
         self._busy: dict[int, int] = {}  # index in flight -> its worker
         self._held: dict[int, list[torch.Tensor]] = {}  # index in flight -> its arenas (alive until answered)
         self._next = 0
@@ -226,24 +288,20 @@ class JudgePool:
 
     def judge(self, local: Any) -> Any:
         """A ``SiteJudge`` for ``StreamingComparator``/``compare``: ``local`` (this side's ``OracleJudge`` of the
-        same semantics) answers what needs no replay, the workers replay the rest (a :class:`Pending`)."""
+        same semantics) answers what needs no replay; the rest is held and, when an answer is first read or
+        ``QUEUE_BYTES`` are held, planned into stacks (``OracleJudge.stacks``: pairs of one program judged in one
+        replay) that the workers judge, a stack each (a :class:`Pending` per pair)."""
+        return _PoolQueue(self, local)
 
-        def judged(reference: Record, candidate: Record) -> Any:
-            # moved first to where the workers judge (the reference may wait in host memory): one arena, one device
-            reference, candidate = local.on_device(reference), local.on_device(candidate)
-            answer = local.without_replay(reference, candidate)
-            return answer if answer is not None else self.submit(reference, candidate)
-
-        return judged
-
-    def submit(self, reference: Record, candidate: Record) -> Pending:
-        """Send a pair to the least busy worker (after waiting for an answer while every worker has ``AHEAD`` pairs
-        in flight); its tensors, on one device (:meth:`judge` moves them to the judge's), are copied into one arena
-        first."""
+    def submit(self, pairs: list[tuple[Record, Record]]) -> int:
+        """Send pairs (a stack) to the least busy worker (after waiting for an answer while every worker has ``AHEAD``
+        stacks in flight); their tensors, on one device (:meth:`judge` moves them to the judge's), are copied into
+        one arena first. Returns the index its answers come back under (:meth:`result`)."""
         workers = self._open()
         if not self._started:
             raise RuntimeError("the judging processes were not started (JudgePool.start)")
-        tensors = [t for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
+        records = [r for pair in pairs for r in pair]
+        tensors = [t for r in records for t in (r.out, *r.inputs.values())]
         size = sum(t.nbytes for t in tensors)
         while self._busy and (len(self._busy) >= AHEAD * workers.count or self._held_bytes + size > AHEAD_BYTES):
             self._receive()
@@ -257,12 +315,12 @@ class JudgePool:
         # a host arena goes as bytes through the pipe: for one pair's few kilobytes or megabytes that costs less than
         # moving it into shared memory and passing its descriptor (a CUDA one is shared through IPC)
         wired = [a if a is None or a.is_cuda else a.numpy().tobytes() for a in arenas]
-        workers.commands[worker].put(("judge", index, wired, record_metas((reference, candidate), specs)))
-        self.judged += 1
-        return Pending(self, index)
+        workers.commands[worker].put(("judge", index, wired, record_metas(records, specs)))
+        self.judged += len(pairs)
+        return index
 
-    def result(self, index: int) -> dict[str, Any] | None:
-        """The answer to the pair sent as ``index`` (waiting for it)."""
+    def result(self, index: int) -> list[dict[str, Any]]:
+        """The answers to the pairs sent as ``index`` (waiting for them)."""
         while index not in self._answers:
             self._receive()
         return self._answers.pop(index)

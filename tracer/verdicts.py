@@ -14,9 +14,9 @@ bug) gets ``verdicts = None`` *and* ``could_not_judge`` with the reason: an outc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from ulptrace.comparison import bitwise_equal
@@ -26,6 +26,16 @@ from ulptrace.trace import Record
 from ulptrace.ulp import same_bits
 
 STRUCTURAL_INPUTS = ("attention_mask",)
+STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
+"""Kinds whose records ``OracleJudge.replayed_many`` stacks along dimension 0: their semantics treat each batch item
+(and a row-wise kind each row) alone."""
+STACK_ELEMENTS = 1 << 20
+"""Most output elements in one stack of records judged together (its replay holds some tens of float64 values of
+this size)."""
+STACK_RECORDS = 64
+"""Most records in one stack."""
+QUEUE_BYTES = 256 << 20
+"""Record bytes a ``QueuedJudge`` holds before it judges them."""
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
 
@@ -105,10 +115,7 @@ class OracleJudge:
         assert site is not None
         # without_replay has answered equal outputs unless the reference is judged too
         same = self.judge_reference and bitwise_equal(reference.out, candidate.out)
-        # a construction with a bound of its own (the GatedDeltaNet scan) reports that bound's width over the whole
-        # record (``admissible_width``): judged whole
-        whole = self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
-        subset = None if whole else _differing_parts(site, reference, candidate)
+        subset = None if self._whole(site) else _differing_parts(site, reference, candidate)
         if subset is not None:  # judged on the differing parts (rows or batch items); the others are exact
             part_ref, part_cand, exact_elsewhere = subset
             out = self._judged(site, part_ref, part_cand, same)
@@ -117,6 +124,113 @@ class OracleJudge:
                 return out
             # the parts alone could not be judged (a formula that wants the record's own shape): the whole record is
         return self._judged(site, reference, candidate, same)
+
+    def replayed_many(self, pairs: Sequence[tuple[Record, Record]]) -> list[dict[str, Any]]:
+        """:meth:`replayed` of each pair, in order, where pairs judged by the same program are replayed together
+        (:meth:`stacks`): each answer is the one :meth:`replayed` gives (tested); a stack that cannot be judged as
+        one (an op that fails) is judged record by record."""
+        answers: list[dict[str, Any] | None] = [None] * len(pairs)
+        for stack in self.stacks(pairs):
+            parts = [part for _, part in stack]
+            judged = self._judged_stacked(parts) if len(parts) > 1 else [None]  # type: ignore[arg-type]
+            for (index, _), answer in zip(stack, judged, strict=True):
+                answers[index] = answer if answer is not None else self.replayed(*pairs[index])
+        return answers  # type: ignore[return-value]
+
+    def stacks(self, pairs: Sequence[tuple[Record, Record]]) -> list[list[tuple[int, _Part | None]]]:
+        """The pairs (their indices) grouped as :meth:`replayed_many` judges them: one stack per list. The differing
+        parts of records of a row-wise or batch-wise kind (``ulptrace.sites``) whose programs compute the same thing
+        (``ulptrace.oracle.members.signature``: a site's records at every decode step, a formula without parameters
+        of its own at every layer) on inputs of the same shapes are stacked along dimension 0, up to
+        :data:`STACK_ELEMENTS` elements and :data:`STACK_RECORDS` records (judged as a power of two: the last stack
+        padded with copies of its first record); any other pair is a stack of its own (its part None)."""
+        stacks: list[list[tuple[int, _Part | None]]] = []
+        groups: dict[Any, list[tuple[int, _Part | None]]] = {}
+        for index, (reference, candidate) in enumerate(pairs):
+            part = self._stackable(reference, candidate)
+            if part is None:
+                stacks.append([(index, None)])
+            else:
+                groups.setdefault(part.key, []).append((index, part))
+        for group in groups.values():
+            cap = _stack_cap(group[0][1].candidate.out.numel())  # type: ignore[union-attr]
+            stacks += [group[start:start + cap] for start in range(0, len(group), cap)]
+        return stacks
+
+    def queued(self, queue_bytes: int = QUEUE_BYTES) -> QueuedJudge:
+        """This judge as a ``SiteJudge`` that judges the pairs it is handed together (:class:`QueuedJudge`)."""
+        return QueuedJudge(self, queue_bytes)
+
+    def _whole(self, site: Site) -> bool:
+        """Whether ``site``'s records are judged whole, not on their differing parts: with the reference judged too,
+        without ``rows``, and for a construction with a bound of its own (the GatedDeltaNet scan), whose width
+        (``admissible_width``) is reported over the whole record."""
+        return self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
+
+    def _stackable(self, reference: Record, candidate: Record) -> _Part | None:
+        """The part of a pair :meth:`replayed_many` may stack with others (its key: equal for parts judged by the
+        same program on inputs and outputs of the same shapes and dtypes), or None: judged alone."""
+        site = self.site(reference.site)
+        if site is None or site.kind not in STACKED_KINDS or self._whole(site):
+            return None
+        subset = _differing_parts(site, reference, candidate)
+        ref, cand, exact_elsewhere = subset if subset is not None else (reference, candidate, 0)
+        inputs = self._candidate_inputs(ref, cand)
+        tensors = [ref.out, cand.out, *ref.inputs.values(), *(inputs.values() if isinstance(inputs, dict) else ())]
+        if isinstance(inputs, str) or any(t.dim() == 0 or t.shape[0] != ref.out.shape[0] for t in tensors):
+            return None
+        try:
+            program = self.program(site, ref.inputs)
+        except (NotImplementedError, ValueError, TypeError, RuntimeError):
+            return None  # judged alone, where the reason is reported
+        from ulptrace.oracle.members import signature
+
+        shapes = tuple((role, tuple(t.shape), t.dtype) for role, t in sorted(inputs.items()))
+        key = (signature(program), shapes, tuple(cand.out.shape), cand.out.dtype, ref.out.dtype, ref.out.device)
+        return _Part(key, site, ref, cand, inputs, exact_elsewhere, program)
+
+    def _judged_stacked(self, parts: list[_Part]) -> list[dict[str, Any] | None]:
+        """The answers of parts with one key judged in one replay; None for a part to judge alone. Parts whose
+        records would decide differently in the replay are split by that decision and each side stacked again."""
+        from ulptrace.oracle import judge_stacked
+        from ulptrace.oracle.intervals import MixedDecision
+        from ulptrace.oracle.judge import verdict_histograms
+        from ulptrace.oracle.members import stacks
+
+        count = len(parts)
+        if count == 1:
+            return [None]
+        padded = 1 << (count - 1).bit_length()
+        members = parts + [parts[0]] * (padded - count)
+        first = parts[0]
+        try:
+            program = self.program(first.site, {role: torch.cat([p.reference.inputs[role] for p in members])
+                                                for role in first.reference.inputs})
+            if not stacks(first.program, program, padded):
+                return [None] * count
+            inputs = {role: torch.cat([p.inputs[role] for p in members]) for role in first.inputs}
+            output = torch.cat([p.candidate.out for p in members])
+            reference = torch.cat([p.reference.out for p in members])
+            results = judge_stacked(program, inputs, output, reference, [p.site.name for p in members],
+                                    hypotheses=self.hypotheses, shards=self._shards(first.site))
+            histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output, reference, padded)
+        except MixedDecision as mixed:  # the padding copies the first part: it decides as that one does
+            sides = [[k for k in range(count) if mixed.equal[k] == way] for way in (True, False)]
+            answers: list[dict[str, Any] | None] = [None] * count
+            for side in sides:
+                for k, answer in zip(side, self._judged_stacked([parts[k] for k in side]), strict=True):
+                    answers[k] = answer
+            return answers
+        except (NotImplementedError, ValueError, TypeError, RuntimeError):
+            return [None] * count  # each judged alone: the same answers, or the reason one of them cannot be judged
+        answers = []
+        for part, result, histogram in zip(parts, results, histograms or [None] * padded, strict=False):  # padding off
+            verdicts = {v: int(result.counts.get(v, 0)) for v in VERDICTS}
+            verdicts["exact"] += part.exact_elsewhere
+            answers.append({"verdicts": verdicts, "boundary": result.boundary,
+                            "explained": None if result.explained is None else float(result.explained),
+                            "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram})
+        return answers
 
     def without_replay(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
         """The answer for a pair that needs no replay of the semantics — a site without them, an oracle input missing,
@@ -215,6 +329,81 @@ class OracleJudge:
         inside = (value >= lo.double()) & (value <= hi.double())
         inside |= torch.isnan(value) & (torch.isnan(lo) | torch.isnan(hi))
         return int((~inside).sum())
+
+
+class QueuedJudge:
+    """A ``SiteJudge`` (for ``StreamingComparator``/``compare``) that holds the pairs its ``OracleJudge`` must replay
+    and judges them together (``OracleJudge.replayed_many``: pairs of one program in one replay) when an answer is
+    first read (``ulptrace.comparison.finish_diffs``), or once it holds ``queue_bytes`` of records; what needs no
+    replay is answered at once (``OracleJudge.without_replay``). The answers are those of judging each pair as it
+    comes (tested). A record of ``ulptrace.record.LIVE_BYTES`` or more (it may be the model's own value, valid only
+    while the recorder hands it over) is judged at once."""
+
+    def __init__(self, judge: OracleJudge, queue_bytes: int = 0) -> None:
+        self.judge = judge
+        self.queue_bytes = queue_bytes or QUEUE_BYTES
+        self._pairs: list[tuple[Record, Record]] = []
+        self._indices: list[int] = []
+        self._bytes = 0
+        self._answers: dict[int, dict[str, Any]] = {}
+        self._next = 0
+
+    def __call__(self, reference: Record, candidate: Record) -> Any:
+        from ulptrace.record import LIVE_BYTES
+
+        reference, candidate = self.judge.on_device(reference), self.judge.on_device(candidate)
+        answer = self.judge.without_replay(reference, candidate)
+        if answer is not None:
+            return answer
+        sizes = [t.nbytes for r in (reference, candidate) for t in (r.out, *r.inputs.values())]
+        if max(sizes) >= LIVE_BYTES:
+            return self.judge.replayed(reference, candidate)
+        index, self._next = self._next, self._next + 1
+        self._pairs.append((reference, candidate))
+        self._indices.append(index)
+        self._bytes += sum(sizes)
+        if self._bytes >= self.queue_bytes:
+            self.flush()
+        return _Queued(self, index)
+
+    def flush(self) -> None:
+        """Judge every pair held."""
+        pairs, indices = self._pairs, self._indices
+        self._pairs, self._indices, self._bytes = [], [], 0
+        self._answers.update(zip(indices, self.judge.replayed_many(pairs), strict=True))
+
+    def result(self, index: int) -> dict[str, Any]:
+        if index not in self._answers:
+            self.flush()
+        return self._answers.pop(index)
+
+
+class _Queued:
+    """A pair's answer from a :class:`QueuedJudge`: :meth:`result` judges what the queue holds, if it is not yet."""
+
+    def __init__(self, queue: QueuedJudge, index: int) -> None:
+        self._queue, self._index = queue, index
+
+    def result(self) -> dict[str, Any]:
+        return self._queue.result(self._index)
+
+
+class _Part(NamedTuple):
+    """A pair's records (or their differing parts) as ``OracleJudge.replayed_many`` stacks them."""
+
+    key: Any  # equal for parts that one program judges on inputs and outputs of the same shapes and dtypes
+    site: Site
+    reference: Record
+    candidate: Record
+    inputs: dict[str, torch.Tensor]  # the candidate's inputs for the reference's program
+    exact_elsewhere: int  # elements of the record left out of the part (bitwise equal)
+    program: Any  # the part's own program
+
+
+def _stack_cap(elements: int) -> int:
+    """How many records of ``elements`` output elements each one stack holds: a power of two."""
+    cap = min(STACK_RECORDS, max(1, STACK_ELEMENTS // max(elements, 1)))
+    return 1 << (cap.bit_length() - 1)
 
 
 def _differing_parts(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:

@@ -58,8 +58,8 @@ def test_judged_in_processes_beside_a_concurrent_reference_the_report_is_the_sam
 def test_a_judging_process_that_dies_is_an_error_not_a_hang(monkeypatch) -> None:
     submit = judging.JudgePool.submit
 
-    def submit_then_kill(self, reference, candidate):
-        pending = submit(self, reference, candidate)
+    def submit_then_kill(self, pairs):
+        pending = submit(self, pairs)
         for process in self._workers.processes:  # killed as the system's OOM killer would
             process.kill()
             process.join()

@@ -30,7 +30,9 @@ from __future__ import annotations
 import functools
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +159,46 @@ def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y.to(dtype).to(F64)
 
 
+# ------------------------------------------------------------------------------------------- members
+
+_MEMBERS: ContextVar[int] = ContextVar("members", default=1)
+
+
+class MixedDecision(Exception):
+    """The records of a stacked replay would take different paths at a rounding (one is a single value there, another
+    is not): ``equal`` says, per record, which way it goes; each way must be replayed apart."""
+
+    def __init__(self, equal: list[bool]) -> None:
+        super().__init__(f"{sum(equal)} of {len(equal)} stacked records are equal there")
+        self.equal = equal
+
+
+@contextmanager
+def members(count: int) -> Iterator[None]:
+    """Replay ``count`` records stacked along dimension 0 (``ulptrace.oracle.members``): every decision the rounding
+    takes on the values (is this an FP32 value? a single value?) is taken per record, and :class:`MixedDecision` is
+    raised where the records differ, so a stacked replay is the records' own replays or none."""
+    token = _MEMBERS.set(count)
+    try:
+        yield
+    finally:
+        _MEMBERS.reset(token)
+
+
+def _all_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal(a, b)`` for same-shaped tensors, the same for every member of a batched replay. A value of the
+    records has them stacked along dimension 0 (``ulptrace.oracle.members`` checks every value of the program is so,
+    or is the same for all): compared member by member; a value whose dimension 0 does not split into the members is
+    the same for all of them."""
+    count = _MEMBERS.get()
+    if count == 1 or a.dim() == 0 or a.shape[0] % count:
+        return bool(torch.equal(a, b))
+    equal = (a == b).reshape(count, -1).all(1).tolist()
+    if any(equal) and not all(equal):
+        raise MixedDecision(equal)
+    return all(equal)
+
+
 def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
     """Round an interval at a rounding point of ``dtype`` (see the module docstring for the model).
 
@@ -177,7 +219,7 @@ def round_iv(iv: Iv, dtype: torch.dtype) -> Iv:
     lo = _narrow(_down32(iv.lo), dtype).to(F64)
     hi = _narrow(_up32(iv.hi), dtype).to(F64)
     pt = None if iv.pt is None else rne(iv.pt, dtype)
-    if iv.is_point and bool(torch.equal(lo, hi)):
+    if iv.is_point and _all_equal(lo, hi):
         return Iv(lo, lo, pt)
     return Iv(lo, hi, pt)
 
@@ -196,7 +238,7 @@ def _fp32_point(iv: Iv, dtype: torch.dtype) -> Iv | None:
     None when some element is not an FP32 value (or is NaN): ``round_iv``'s general path decides."""
     y = iv.lo.to(torch.float32)
     y64 = y.to(F64)
-    if not bool(torch.equal(y64, iv.lo)):
+    if not _all_equal(y64, iv.lo):
         return None
     shared = iv.pt is iv.lo  # the exact replay's point is this value: it rounds as the ends do
     if dtype == torch.float32:

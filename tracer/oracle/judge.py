@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
+from ulptrace.oracle.intervals import members
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
 from ulptrace.oracle.sharding import ShardedReduction
@@ -182,22 +183,47 @@ def judge(
         TypeError, ValueError: inputs or outputs do not match the program (names, shapes, dtypes).
         UnsupportedOpError: an op of the program cannot be replayed.
     """
+    return judge_stacked(program, inputs, output, reference_output, [program.name], hypotheses=hypotheses,
+                         shards=shards)[0]
+
+
+def judge_stacked(
+    program: Program,
+    inputs: Mapping[str, torch.Tensor],
+    output: torch.Tensor,
+    reference_output: torch.Tensor | None,
+    sites: Sequence[str | None],
+    *,
+    hypotheses: bool = True,
+    shards: Iterable[ShardedReduction] = (),
+) -> list[Judgement]:
+    """:func:`judge` of ``len(sites)`` records stacked along dimension 0, in one replay: ``program`` is captured for
+    the stack (``ulptrace.oracle.members.stacks`` says whether it is the records' program stacked), ``inputs``,
+    ``output`` and ``reference_output`` are the records' own, concatenated in order. Each record's
+    :class:`Judgement` is the one :func:`judge` gives it alone.
+
+    Raises:
+        MixedDecision: the records would take different paths in the replay (``ulptrace.oracle.intervals``): judge
+            them one by one.
+        TypeError, ValueError, UnsupportedOpError: as :func:`judge`.
+    """
     _check_output(program, output, "output")
     if reference_output is not None:
         _check_output(program, reference_output, "reference_output")
-    base = replay(program, inputs, track_point=True)
-    iv = output_interval(program, base)
-    options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
-    if hypotheses:
-        for h in enumerate_hypotheses(program, shards):
-            def interval(h=h) -> tuple[torch.Tensor, torch.Tensor]:
-                h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
-                return h_iv.lo, h_iv.hi
+    with members(len(sites)):
+        base = replay(program, inputs, track_point=True)
+        iv = output_interval(program, base)
+        options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
+        if hypotheses:
+            for h in enumerate_hypotheses(program, shards):
+                def interval(h=h) -> tuple[torch.Tensor, torch.Tensor]:
+                    h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
+                    return h_iv.lo, h_iv.hi
 
-            options.append((HypothesisResult(h.kind, h.description, h.op, 0), interval))
-    assert iv.pt is not None
-    return judge_sets(output, reference_output, iv.lo, iv.hi, iv.pt, options, program.output_value.dtype,
-                      site=program.name)
+                options.append((HypothesisResult(h.kind, h.description, h.op, 0), interval))
+        assert iv.pt is not None
+        return judge_sets_stacked(output, reference_output, iv.lo, iv.hi, iv.pt, options, program.output_value.dtype,
+                                  sites)
 
 
 def judge_sets(
@@ -223,6 +249,24 @@ def judge_sets(
     them (mean absolute distance): sets widened for intermediate roundings can each cover another design's
     values, and the name is the design that fits.
     """
+    return judge_sets_stacked(output, reference_output, lo, hi, pt, hypotheses, out_dtype, [site])[0]
+
+
+def judge_sets_stacked(
+    output: torch.Tensor,
+    reference_output: torch.Tensor | None,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    pt: torch.Tensor,
+    hypotheses: Sequence[tuple[Any, ...]],
+    out_dtype: torch.dtype,
+    sites: Sequence[str | None],
+) -> list[Judgement]:
+    """:func:`judge_sets` of ``len(sites)`` records stacked along dimension 0 (equal shapes, ``judge_stacked``):
+    each record's judgement as if judged alone — its counts, its hypotheses (a hypothesis's set is computed once, for
+    every record, when one of them still has an unexplained element), its boundary, its largest error — from one pass
+    of ops over all of them."""
+    count = len(sites)
     v = output.detach().to(device=lo.device, dtype=torch.float64)
     # each mask once (a judged record is bound by the number of ops it issues, not by elements)
     v_nan, pt_nan, set_nan = torch.isnan(v), torch.isnan(pt), torch.isnan(lo) | torch.isnan(hi)
@@ -233,33 +277,46 @@ def judge_sets(
     else:
         exact = in_set
     outside = ~in_set & ~nonfinite & ~exact
-    n_outside = int(outside.sum())
 
-    results: list[HypothesisResult] = []
+    size = v.numel() // count
+    rows = len(v) // count if count > 1 else 0
+
+    def per_record(x: torch.Tensor) -> list[int]:  # one read of the device for all the records
+        return x.reshape(count, size).sum(1).tolist() if count > 1 else [int(x.sum())]
+
+    def part(x: torch.Tensor, k: int) -> torch.Tensor:  # record k's part of a value of them all
+        return x if count == 1 else x[k * rows:(k + 1) * rows]
+
+    n_outside = per_record(outside)
+    results: list[list[HypothesisResult]] = [[] for _ in range(count)]
     explained_any = torch.zeros_like(outside)
-    most = 0
-    full: set[str] = set()  # hypotheses that explain every out-of-set element
-    fit: dict[str, float] = {}  # mean |output - center| over the out-of-set elements, where a center is given
+    most = [0] * count
+    full: list[set[str]] = [set() for _ in range(count)]  # hypotheses that explain every out-of-set element
+    fit: list[dict[str, float]] = [{} for _ in range(count)]  # mean |output - center| over the out-of-set elements
     rivals: dict[str, tuple[str, ...]] = {}
     for record, interval, *extra in hypotheses:
         rivals[record.kind] = tuple(extra[0]) if extra else ()
-        if n_outside and most == n_outside and not full & set(rivals[record.kind]):
-            # an earlier hypothesis explains every out-of-set element: no later one changes a verdict or is named
-            # (the first of equals is, unless a rival design fits better), so it is not evaluated
-            results.append(HypothesisResult(record.kind, record.description, record.op, None))
-            continue
-        count = 0
-        if n_outside:
+        # an earlier hypothesis explains every out-of-set element of a record: no later one changes a verdict of it
+        # or is named for it (the first of equals is, unless a rival design fits better), so it is not evaluated there
+        settled = [bool(n and most[k] == n and not full[k] & set(rivals[record.kind])) for k, n in enumerate(n_outside)]
+        wanted = [n > 0 and not settled[k] for k, n in enumerate(n_outside)]
+        counts = [0] * count
+        if any(wanted):
             h_lo, h_hi, *center = interval()
             hit = outside & (v >= h_lo) & (v <= h_hi)
-            explained_any |= hit
-            count = int(hit.sum())
-            most = max(most, count)
-            if count == n_outside:
-                full.add(record.kind)
+            explained_any |= hit  # a settled record's out-of-set elements are all explained already
+            counts = per_record(hit)
+        for k in range(count):
+            if settled[k]:
+                results[k].append(HypothesisResult(record.kind, record.description, record.op, None))
+                continue
+            count_k = counts[k] if wanted[k] else 0
+            most[k] = max(most[k], count_k)
+            if wanted[k] and count_k == n_outside[k]:
+                full[k].add(record.kind)
                 if center:
-                    fit[record.kind] = float((v - center[0].to(v))[outside].abs().mean())
-        results.append(HypothesisResult(record.kind, record.description, record.op, count))
+                    fit[k][record.kind] = float((part(v, k) - part(center[0], k).to(v))[part(outside, k)].abs().mean())
+            results[k].append(HypothesisResult(record.kind, record.description, record.op, count_k))
 
     # masked fills, not boolean-index assignments: those find the indices first (on a GPU, a wait for the device)
     verdicts = torch.full(v.shape, ERROR, dtype=torch.uint8, device=v.device)
@@ -267,39 +324,45 @@ def judge_sets(
     verdicts.masked_fill_(in_set & ~exact, TIE)
     verdicts.masked_fill_(nonfinite & ~exact, NONFINITE)
     verdicts.masked_fill_(exact, EXACT)
-    tally = torch.bincount(verdicts.flatten().long(), minlength=len(VERDICTS)).tolist()
-    counts = {name: int(tally[k]) for k, name in enumerate(VERDICTS)}
-
-    best = max(results, key=lambda r: r.explained or 0, default=None)  # first of equals: the simplest ...
-    for r in results:  # ... unless a rival design explains as many and fits better
-        if best is not None and best.kind in rivals.get(r.kind, ()) and r.kind in fit and \
-                fit[r.kind] < fit.get(best.kind, float("inf")):
-            best = r
-    boundary = best.description if best is not None and best.explained else None
-    explained = (best.explained or 0) / n_outside if boundary is not None and best is not None and n_outside else 0.0
+    codes = verdicts.reshape(count, size).long() + torch.arange(count, device=v.device).unsqueeze(1) * len(VERDICTS)
+    tally = torch.bincount(codes.flatten(), minlength=count * len(VERDICTS)).reshape(count, -1).tolist()
 
     distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
-    if n_outside:
+    if any(n_outside):
         d = _distance(output, v, lo, hi, out_dtype).clamp(min=1)
         distance = torch.where(outside, d, distance)
     distance = torch.where(nonfinite & ~exact, torch.full_like(distance, -1), distance)
     # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none
-    top = int(torch.where(verdicts == ERROR, distance, 0).max()) if distance.numel() else 0
-    max_error = top if top > 0 else None
-    return Judgement(
-        verdicts=verdicts,
-        counts=counts,
-        boundary=boundary,
-        explained=explained,
-        hypotheses=results,
-        max_error_ulp=max_error,
-        lo=to_dtype(lo, out_dtype),
-        hi=to_dtype(hi, out_dtype),
-        point=to_dtype(pt, out_dtype),
-        distance=distance,
-        against_reference=reference_output is not None,
-        site=site,
-    )
+    errors = torch.where(verdicts == ERROR, distance, 0)
+    tops = (errors.reshape(count, size).amax(1).tolist() if count > 1 else [int(errors.max())]) \
+        if distance.numel() else [0] * count
+    lo_o, hi_o, pt_o = to_dtype(lo, out_dtype), to_dtype(hi, out_dtype), to_dtype(pt, out_dtype)
+
+    judgements = []
+    for k in range(count):
+        best = max(results[k], key=lambda r: r.explained or 0, default=None)  # first of equals: the simplest ...
+        for r in results[k]:  # ... unless a rival design explains as many and fits better
+            if best is not None and best.kind in rivals.get(r.kind, ()) and r.kind in fit[k] and \
+                    fit[k][r.kind] < fit[k].get(best.kind, float("inf")):
+                best = r
+        boundary = best.description if best is not None and best.explained else None
+        explained = (best.explained or 0) / n_outside[k] if boundary is not None and best is not None \
+            and n_outside[k] else 0.0
+        judgements.append(Judgement(
+            verdicts=part(verdicts, k),
+            counts={name: int(tally[k][c]) for c, name in enumerate(VERDICTS)},
+            boundary=boundary,
+            explained=explained,
+            hypotheses=results[k],
+            max_error_ulp=int(tops[k]) if tops[k] > 0 else None,
+            lo=part(lo_o, k),
+            hi=part(hi_o, k),
+            point=part(pt_o, k),
+            distance=part(distance, k),
+            against_reference=reference_output is not None,
+            site=sites[k],
+        ))
+    return judgements
 
 
 def empty_verdict_histogram() -> dict[str, dict[str, int]]:
@@ -327,18 +390,34 @@ def verdict_histogram(verdicts: torch.Tensor, output: torch.Tensor,
         ``{verdict: {bucket: count}}``; the counts of a verdict sum to its count in the judgement. None when the
         shapes differ or the reference's dtype has no ULP arithmetic (nothing to measure in).
     """
+    histograms = verdict_histograms(verdicts, output, reference_output, 1)
+    return None if histograms is None else histograms[0]
+
+
+def verdict_histograms(verdicts: torch.Tensor, output: torch.Tensor, reference_output: torch.Tensor,
+                       count: int) -> list[dict[str, dict[str, int]]] | None:
+    """:func:`verdict_histogram` of ``count`` records stacked along dimension 0 (equal shapes), one per record, from
+    one pass over them all (``judge_stacked``)."""
     if verdicts.shape != output.shape or output.shape != reference_output.shape \
             or reference_output.dtype not in FORMATS:
         return None
-    out = empty_verdict_histogram()
     if not bool((verdicts != EXACT).any()):
-        return out
+        return [empty_verdict_histogram() for _ in range(count)]
     # over every element, the exact ones counted in their own group and dropped: fewer ops than selecting the others
     # first (three boolean selections, each a wait for the device on a GPU), which is what a judged record costs
     device = verdicts.device
     ref = reference_output.detach().to(device)
     cand = output.detach().to(device).to(reference_output.dtype)
-    per_verdict = grouped_histograms(ulp_distance(ref, cand), verdicts, len(VERDICTS))
-    for code in range(TIE, len(VERDICTS)):
-        out[VERDICTS[code]] = per_verdict[code]
+    groups = verdicts
+    if count > 1:
+        record = torch.arange(count, device=device, dtype=torch.uint8 if count * len(VERDICTS) < 256 else torch.int64)
+        groups = verdicts.reshape(count, -1).to(record.dtype) + (record * len(VERDICTS)).unsqueeze(1)
+        groups = groups.reshape(verdicts.shape)
+    per_verdict = grouped_histograms(ulp_distance(ref, cand), groups, count * len(VERDICTS))
+    out = []
+    for k in range(count):
+        histogram = empty_verdict_histogram()
+        for code in range(TIE, len(VERDICTS)):
+            histogram[VERDICTS[code]] = per_verdict[k * len(VERDICTS) + code]
+        out.append(histogram)
     return out

@@ -1,0 +1,81 @@
+"""Records of one program judged in one replay (``OracleJudge.replayed_many``, ``QueuedJudge``): on both families'
+recorded runs every pair's answer is the one judging it alone gives, the plan does stack records (across decode steps
+and layers), and an onset's report is the report without stacking."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import pytest
+from onset_reports import essentials, report
+from ulptrace import verdicts
+from ulptrace.probes.onset import record_pair
+from ulptrace.run import RunConfig
+from ulptrace.verdicts import OracleJudge, QueuedJudge
+
+SMALL = {"prompts": 2, "prompt_len": 16, "new_tokens": 4}
+RUNS = [
+    pytest.param({"model": "tiny-qwen3.5", "candidate": "kernels:fused"}, id="qwen3.5-fused"),
+    pytest.param({"model": "tiny-llama", "candidate": "generation_candidates:glu_error_at_step_2"}, id="llama-glu-error"),
+]
+
+
+def _pairs(fields: dict, stack: ExitStack) -> tuple[OracleJudge, list]:
+    ref, cand, ref_model, _ = record_pair(RunConfig(**SMALL, **fields), stack)
+    judge = OracleJudge(ref_model)
+    pairs = [(r, cand.get(r.key)) for r in ref]
+    pairs = [(r, c) for r, c in pairs if c is not None and judge.without_replay(r, c) is None]
+    return judge, pairs
+
+
+@pytest.mark.parametrize("fields", RUNS)
+def test_stacked_answers_are_each_pairs_own(fields) -> None:
+    with ExitStack() as stack:
+        judge, pairs = _pairs(fields, stack)
+        assert len(pairs) > 20, "records differ and need the oracle"
+        alone = [judge.replayed(r, c) for r, c in pairs]
+        plan = judge.stacks(pairs)
+        assert sorted(i for s in plan for i, _ in s) == list(range(len(pairs)))  # each pair planned once
+        stacked = [s for s in plan if len(s) > 1]
+        assert stacked, "some records share a program"
+        # across decode steps (one site) and, for a formula without parameters of its own, across layers
+        assert any(len({pairs[i][0].step for i, _ in s}) > 1 for s in stacked)
+        assert any(len({pairs[i][0].site for i, _ in s}) > 1 for s in stacked)
+        together = judge.replayed_many(pairs)
+        assert together == alone
+        verdict_totals = {v: sum(a["verdicts"][v] for a in alone) for v in alone[0]["verdicts"]}
+        assert verdict_totals["tie"] + verdict_totals["boundary"] + verdict_totals["error"] > 0
+
+
+def test_queued_judge_answers_as_each_pair_alone(monkeypatch) -> None:
+    with ExitStack() as stack:
+        judge, pairs = _pairs(RUNS[1].values[0], stack)
+        alone = [judge.replayed(r, c) for r, c in pairs]
+        queued = judge.queued()
+        held = [queued(r, c) for r, c in pairs]
+        assert all(callable(getattr(h, "result", None)) for h in held), "held until an answer is read"
+        assert [h.result() for h in held] == alone
+        every = QueuedJudge(judge, queue_bytes=1)  # judged as each comes: the same answers
+        assert [every(r, c).result() for r, c in pairs] == alone
+        monkeypatch.setattr("ulptrace.record.LIVE_BYTES", 1)  # every record may be the model's own: judged at once
+        assert [queued(r, c) for r, c in pairs] == alone
+
+
+@pytest.mark.parametrize("fields", RUNS)
+def test_onset_report_is_the_report_without_stacking(fields, monkeypatch) -> None:
+    stacked = report(RunConfig(**SMALL, **fields))
+    monkeypatch.setattr(verdicts, "STACK_RECORDS", 1)  # one record a stack: each judged alone
+    alone = report(RunConfig(**SMALL, **fields))
+    assert essentials(stacked) == essentials(alone)
+    assert any(site.get("verdicts") for site in alone["sites"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fields", RUNS)
+def test_stacked_answers_on_the_gpu_are_each_pairs_own(fields, cuda_kernels) -> None:
+    """On the GPU a stack's float64 sums and matmuls run at another size than one record's (other kernels, other
+    splits of the work): every answer is still the one judging the pair alone gives."""
+    with ExitStack() as stack:
+        judge, pairs = _pairs({**fields, "device": "cuda"}, stack)
+        assert any(len(s) > 1 for s in judge.stacks(pairs))
+        assert judge.replayed_many(pairs) == [judge.replayed(r, c) for r, c in pairs]

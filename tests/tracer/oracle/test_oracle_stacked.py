@@ -1,0 +1,159 @@
+"""Several records judged in one replay (``judge_stacked``, ``ulptrace.oracle.members``): each record's judgement is
+the one ``judge`` gives it alone — counts, hypotheses, boundary, largest error, the admissible set bit for bit — and a
+stack whose records would take different paths in the replay raises ``MixedDecision`` instead of judging them by one
+record's path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from oracle_modules import make_gated_norm, make_qwen_norm
+from transformers.activations import ACT2FN
+from ulptrace.oracle import capture_semantics, judge, judge_stacked
+from ulptrace.oracle.intervals import MixedDecision
+from ulptrace.oracle.judge import verdict_histogram, verdict_histograms
+from ulptrace.oracle.members import signature, stacks
+
+BF16 = torch.bfloat16
+
+
+def _same(alone, stacked) -> None:
+    assert stacked.counts == alone.counts
+    assert stacked.boundary == alone.boundary and stacked.explained == alone.explained
+    assert stacked.max_error_ulp == alone.max_error_ulp
+    assert [(h.kind, h.op, h.explained) for h in stacked.hypotheses] == \
+        [(h.kind, h.op, h.explained) for h in alone.hypotheses]
+    for name in ("verdicts", "lo", "hi", "point", "distance"):
+        a, b = getattr(alone, name), getattr(stacked, name)
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                                                  b.view(torch.uint8) if b.is_floating_point() else b), name
+
+
+def _cat(dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([d[k] for d in dicts]) for k in dicts[0]}
+
+
+def _norm_records(norm, count: int, rows: int = 3, width: int = 64):
+    """``count`` records of a norm: the reference's output, and in turn a candidate's that is equal, one that rounds the
+    normalised value to BF16 before the weight (an extra rounding: a boundary), the same with planted errors, the same
+    with a NaN."""
+    torch.manual_seed(0)
+    records = []
+    for k in range(count):
+        x = (torch.randn(rows, width) * (1 + k)).to(BF16)
+        ref = norm(x)
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        normed = (x.float() * torch.rsqrt(variance + norm.eps)).to(BF16).float()
+        fused = (normed * (1.0 + norm.weight.float())).to(BF16)
+        cand = [ref.clone(), fused, fused.clone(), fused.clone()][k % 4]
+        if k % 4 == 2:
+            cand[0, :5] = (cand[0, :5].float() * 1.5).to(BF16)  # errors: far outside any set
+        if k % 4 == 3:
+            cand[1, 3] = float("nan")
+        records.append(({"x": x}, cand, ref))
+    return records
+
+
+@pytest.mark.parametrize("count", [2, 5, 8])
+def test_stacked_norm_records_are_judged_as_alone(count) -> None:
+    norm = make_qwen_norm()
+    records = _norm_records(norm, count)
+    one = capture_semantics(lambda x: norm(x), records[0][0], constant_names=norm, name="norm")
+    many = capture_semantics(lambda x: norm(x), _cat([r[0] for r in records]), constant_names=norm, name="norm")
+    assert stacks(one, many, count)
+    alone = [judge(one, inputs, cand, ref) for inputs, cand, ref in records]
+    together = judge_stacked(many, _cat([r[0] for r in records]), torch.cat([r[1] for r in records]),
+                             torch.cat([r[2] for r in records]), [f"r{k}" for k in range(count)])
+    assert [j.site for j in together] == [f"r{k}" for k in range(count)]
+    for a, b in zip(alone, together, strict=True):
+        _same(a, b)
+    kinds = {j.worst for j in alone}
+    assert {"exact", "boundary"} <= kinds or count < 4  # the mix the records were made to have
+    if count >= 4:
+        assert {"error", "nonfinite"} <= kinds
+    histograms = verdict_histograms(torch.cat([j.verdicts for j in together]), torch.cat([r[1] for r in records]),
+                                    torch.cat([r[2] for r in records]), count)
+    assert histograms == [verdict_histogram(j.verdicts, r[1], r[2]) for j, r in zip(alone, records, strict=True)]
+
+
+def test_stacked_gated_norm_and_glu_with_hypotheses_tried_per_record() -> None:
+    """Two inputs each; a record whose out-of-set elements an early hypothesis explains beside one that needs a later
+    one: each record's list of hypotheses (tried, not tried) is its own."""
+    gated = make_gated_norm()
+    torch.manual_seed(1)
+    recs = []
+    for k in range(4):
+        x, gate = torch.randn(4, 64).to(BF16), (torch.randn(4, 64) * 2).to(BF16)
+        ref = gated(x, gate)
+        v = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + gated.variance_epsilon)
+        fused = (gated.weight.float() * v * torch.nn.functional.silu(gate.float())).to(BF16)
+        recs.append(({"x": x, "gate": gate}, fused if k % 2 else ref, ref))
+    one = capture_semantics(lambda x, gate: gated(x, gate), recs[0][0], constant_names=gated)
+    inputs = _cat([r[0] for r in recs])
+    many = capture_semantics(lambda x, gate: gated(x, gate), inputs, constant_names=gated)
+    assert stacks(one, many, 4)
+    together = judge_stacked(many, inputs, torch.cat([r[1] for r in recs]), torch.cat([r[2] for r in recs]),
+                             [None] * 4)
+    for (rec_inputs, cand, ref), b in zip(recs, together, strict=True):
+        _same(judge(one, rec_inputs, cand, ref), b)
+
+    act = ACT2FN["silu"]
+    pairs = [{"gate": (torch.randn(2, 96) * 3).to(BF16), "up": torch.randn(2, 96).to(BF16)} for _ in range(3)]
+    outs = [(act(p["gate"].float()) * p["up"].float()).to(BF16) for p in pairs]  # silu not rounded: a boundary
+    refs = [act(p["gate"]) * p["up"] for p in pairs]
+    one = capture_semantics(lambda gate, up: act(gate) * up, pairs[0])
+    many = capture_semantics(lambda gate, up: act(gate) * up, _cat(pairs))
+    together = judge_stacked(many, _cat(pairs), torch.cat(outs), torch.cat(refs), [None] * 3)
+    for p, o, r, b in zip(pairs, outs, refs, together, strict=True):
+        alone = judge(one, p, o, r)
+        _same(alone, b)
+    assert any(j.boundary for j in together)
+
+
+def test_records_that_decide_differently_raise_mixed_decision() -> None:
+    """An FP32 product is rounded to BF16: where both factors have short significands the product is an FP32 value
+    (the exact point path), elsewhere it is not — per record, so a stack of one of each cannot be judged as one."""
+    def formula(x, y):
+        return (x * y).to(BF16)
+
+    short = {"x": torch.randn(2, 32).to(BF16).float(), "y": torch.randn(2, 32).to(BF16).float()}
+    long_ = {"x": torch.randn(2, 32), "y": torch.randn(2, 32)}
+    one = capture_semantics(formula, short)
+    both = _cat([short, long_])
+    many = capture_semantics(formula, both)
+    assert stacks(one, many, 2)
+    outs = torch.cat([formula(**short), formula(**long_)])
+    with pytest.raises(MixedDecision) as raised:
+        judge_stacked(many, both, outs, outs, [None, None])
+    assert raised.value.equal == [True, False]
+    same_way = _cat([short, short])
+    together = judge_stacked(many, same_way, torch.cat([formula(**short)] * 2), torch.cat([formula(**short)] * 2),
+                             [None, None])
+    _same(judge(one, short, formula(**short), formula(**short)), together[1])
+
+
+def test_a_program_that_mixes_records_does_not_stack() -> None:
+    """A formula that reduces over dimension 0 (each record would see the others) captured for a stack is not the
+    record's program stacked; nor is a program with other ops."""
+    x = torch.randn(2, 16).to(BF16)
+    centred = capture_semantics(lambda x: x - x.mean(0, keepdim=True), {"x": x})
+    centred_many = capture_semantics(lambda x: x - x.mean(0, keepdim=True), {"x": torch.cat([x, x])})
+    assert not stacks(centred, centred_many, 2)
+    plain_many = capture_semantics(lambda x: x * 2, {"x": torch.cat([x, x])})
+    assert not stacks(centred, plain_many, 2)
+    assert not stacks(capture_semantics(lambda x: x * 2, {"x": x}), plain_many, 3)  # the wrong count
+
+
+def test_signature_equal_for_equal_formulas_only() -> None:
+    a, b = make_qwen_norm(), make_qwen_norm()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 64).to(BF16)
+    pa = capture_semantics(lambda x: a(x), {"x": x}, constant_names=a)
+    pb = capture_semantics(lambda x: b(x), {"x": x}, constant_names=b)
+    assert signature(pa) == signature(pb)  # two layers' norms with equal weights: one program
+    with torch.no_grad():
+        b.weight[3] += 0.25
+    pc = capture_semantics(lambda x: b(x), {"x": x}, constant_names=b)
+    assert signature(pc) != signature(pa)  # another weight: another program
+    pd = capture_semantics(lambda x: a(x), {"x": torch.randn(3, 64).to(BF16)}, constant_names=a)
+    assert signature(pd) != signature(pa)  # another shape
