@@ -14,11 +14,11 @@ models, then sends them one twin of the reference model as built (``start``; its
 shared memory, the weights not drawn again — each applies the reference path to it and builds its own
 ``OracleJudge``). :meth:`JudgePool.judge` wraps this side's ``OracleJudge``: a pair that needs no replay (a site
 without semantics, an input missing, bitwise-equal outputs) is answered here at once; the others are held (up to
-``ulptrace.verdicts.QUEUE_BYTES``, or until an answer is read) and then planned into stacks (``OracleJudge.stacks``:
-records of one program, judged in one replay); each stack is packed into one arena (``ulptrace.processes.pack``: a
-copy, so the run may reuse its memory) and sent to the least busy worker, which judges it with
-``OracleJudge.replayed_many``; each pair's answer is a :class:`Pending` that ``ulptrace.comparison.finish_diffs``
-reads. At most ``AHEAD`` stacks per worker are in flight (the run then waits for an answer), so what waits stays
+``ulptrace.verdicts.QUEUE_BYTES``, or until an answer is read), ordered so that records of one program are neighbours
+(``ulptrace.verdicts.stack_hint``) and cut into one share per worker; each share is packed into one arena
+(``ulptrace.processes.pack``: a copy, so the run may reuse its memory) and sent to the least busy worker, which judges
+it with ``OracleJudge.replayed_many`` (records of one program stacked, judged in one replay); each pair's answer is a
+:class:`Pending` that ``ulptrace.comparison.finish_diffs`` reads. At most ``AHEAD`` shares per worker are in flight (the run then waits for an answer), so what waits stays
 bounded. Every worker judges with the same semantics on the same device, so the verdicts are those of judging in
 this process (tested: identical reports). A worker's failure is raised here with its traceback; a worker that dies,
 with its exit code. A clean run's workers are kept, with their model, for the next onset of the same model and worker
@@ -26,7 +26,7 @@ count (``shutdown`` stops them), as the reference process is (``ulptrace.concurr
 
 Memory: each worker holds its CUDA context and its replay's temporaries (float64 intervals of one stack at a time:
 ``ulptrace.verdicts.STACK_ELEMENTS``), and the workers together one twin of the reference model; the pairs held are
-the records themselves, those in flight copies (at most ``AHEAD`` stacks per worker).
+the records themselves, those in flight copies (at most ``AHEAD`` shares per worker, ``AHEAD_BYTES`` in all).
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ from ulptrace.processes import (
     spawn_context,
 )
 from ulptrace.trace import Record
-from ulptrace.verdicts import QUEUE_BYTES
+from ulptrace.verdicts import QUEUE_BYTES, stack_hint
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
 
-AHEAD = 4  # stacks of pairs in flight per worker before the run waits for an answer
+AHEAD = 4  # shares of pairs in flight per worker before the run waits for an answer
 AHEAD_BYTES = 1 << 30  # and bytes of pairs in flight (copies): a long prompt's large records wait for answers
 
 _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the parent could not send
@@ -72,7 +72,7 @@ def _serve(commands: Any, answers: Any) -> None:
     """A judging process: ``("prepare", cfg)`` imports what a run needs; ``("open", cfg, model)`` applies ``cfg``'s
     reference path to ``model`` (the parent's twin; None: the one this process holds) and builds the judge;
     answers ``("opened",)``; ``("judge", index, arenas, metas)`` judges the pairs (``OracleJudge.replayed_many``:
-    a stack the parent planned) and answers ``("answer", index, results)``; ``("close",)``
+    a share of the pairs held, those of one program neighbours) and answers ``("answer", index, results)``; ``("close",)``
     undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
     the parent stops this process."""
     note_unsent(answers, _SENT_ERRORS)
@@ -176,16 +176,16 @@ class Pending:
 
 
 class _PoolQueue:
-    """``JudgePool.judge``'s ``SiteJudge``: pairs held until an answer is read or ``QUEUE_BYTES`` are held, then sent
-    as the stacks ``OracleJudge.stacks`` plans (a pair of ``LIVE_BYTES`` or more, maybe the model's own value, is sent
-    at once: packing copies it)."""
+    """``JudgePool.judge``'s ``SiteJudge``: pairs held until an answer is read or ``QUEUE_BYTES`` are held, then sent a
+    share to each worker (:meth:`flush`; a pair of ``LIVE_BYTES`` or more, maybe the model's own value, is sent at
+    once: packing copies it)."""
 
     def __init__(self, pool: JudgePool, local: Any) -> None:
         self.pool, self.local = pool, local
         self._held: list[tuple[int, Record, Record]] = []
         self._bytes = 0
-        self._sent: dict[int, tuple[int, int]] = {}  # pair -> (the stack's index in the pool, its place there)
-        self._stacks: dict[int, list[dict[str, Any]]] = {}  # answers of a stack not all read yet
+        self._sent: dict[int, tuple[int, int]] = {}  # pair -> (its share's index in the pool, its place there)
+        self._shares: dict[int, list[dict[str, Any]]] = {}  # answers of a share not all read yet
         self._unread: dict[int, int] = {}
         self._next = 0
 
@@ -209,10 +209,14 @@ class _PoolQueue:
         return Pending(self, index)
 
     def flush(self) -> None:
-        """Send every pair held, a stack to a worker."""
+        """Send every pair held: ordered so that pairs that may stack are neighbours (``ulptrace.verdicts.stack_hint``),
+        then cut into one run of neighbours per worker, which stacks them (``OracleJudge.replayed_many``). This side
+        plans nothing that needs a program (the workers capture theirs)."""
         held, self._held, self._bytes = self._held, [], 0
-        for stack in self.local.stacks([(r, c) for _, r, c in held]):
-            self._send([held[i] for i, _ in stack])
+        held.sort(key=lambda pair: stack_hint(pair[1]))
+        share = -(-len(held) // self.pool.count)
+        for start in range(0, len(held), share):
+            self._send(held[start:start + share])
 
     def _send(self, pairs: list[tuple[int, Record, Record]]) -> None:
         sent = self.pool.submit([(r, c) for _, r, c in pairs])
@@ -224,12 +228,12 @@ class _PoolQueue:
         if index not in self._sent:
             self.flush()
         sent, place = self._sent.pop(index)
-        if sent not in self._stacks:
-            self._stacks[sent] = self.pool.result(sent)
-        answers = self._stacks[sent]
+        if sent not in self._shares:
+            self._shares[sent] = self.pool.result(sent)
+        answers = self._shares[sent]
         self._unread[sent] -= 1
         if not self._unread[sent]:
-            del self._stacks[sent], self._unread[sent]
+            del self._shares[sent], self._unread[sent]
         return answers[place]
 
 
@@ -294,9 +298,10 @@ class JudgePool:
         return _PoolQueue(self, local)
 
     def submit(self, pairs: list[tuple[Record, Record]]) -> int:
-        """Send pairs (a stack) to the least busy worker (after waiting for an answer while every worker has ``AHEAD``
-        stacks in flight); their tensors, on one device (:meth:`judge` moves them to the judge's), are copied into
-        one arena first. Returns the index its answers come back under (:meth:`result`)."""
+        """Send pairs to the least busy worker (after waiting for an answer while every worker has ``AHEAD``
+        shares in flight); their tensors, on one device (:meth:`judge` moves them to the judge's), are copied into
+        one arena first; the worker judges them with ``OracleJudge.replayed_many``. Returns the index their answers
+        come back under (:meth:`result`)."""
         workers = self._open()
         if not self._started:
             raise RuntimeError("the judging processes were not started (JudgePool.start)")

@@ -217,6 +217,8 @@ class OracleJudge:
         except MixedDecision as mixed:  # the padding copies the first part: it decides as that one does
             sides = [[k for k in range(count) if mixed.equal[k] == way] for way in (True, False)]
             answers: list[dict[str, Any] | None] = [None] * count
+            if not all(sides):  # a value the records share, split as theirs (ulptrace.oracle.intervals._all_equal)
+                return answers
             for side in sides:
                 for k, answer in zip(side, self._judged_stacked([parts[k] for k in side]), strict=True):
                     answers[k] = answer
@@ -398,6 +400,16 @@ class _Part(NamedTuple):
     inputs: dict[str, torch.Tensor]  # the candidate's inputs for the reference's program
     exact_elsewhere: int  # elements of the record left out of the part (bitwise equal)
     program: Any  # the part's own program
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def stack_hint(record: Record) -> tuple:
+    """A sort key that puts records that may be judged in one stack (``OracleJudge.stacks``) next to each other, from
+    the record alone (no program): its site with the layer numbers taken out, its output's shape and dtype, its
+    step. A hint only: ``OracleJudge.stacks`` decides."""
+    return (_DIGITS.sub("#", record.site), tuple(record.out.shape), str(record.out.dtype), record.site, record.step)
 
 
 def _stack_cap(elements: int) -> int:

@@ -161,7 +161,7 @@ def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------- members
 
-_MEMBERS: ContextVar[int] = ContextVar("members", default=1)
+_MEMBERS: ContextVar[tuple[int, frozenset[int]]] = ContextVar("members", default=(1, frozenset()))
 
 
 class MixedDecision(Exception):
@@ -174,11 +174,13 @@ class MixedDecision(Exception):
 
 
 @contextmanager
-def members(count: int) -> Iterator[None]:
+def members(count: int, lengths: frozenset[int] = frozenset()) -> Iterator[None]:
     """Replay ``count`` records stacked along dimension 0 (``ulptrace.oracle.members``): every decision the rounding
-    takes on the values (is this an FP32 value? a single value?) is taken per record, and :class:`MixedDecision` is
-    raised where the records differ, so a stacked replay is the records' own replays or none."""
-    token = _MEMBERS.set(count)
+    takes on a value of the records — a tensor whose dimension 0 is one of ``lengths``, those of the program's values
+    computed from its inputs — (is this an FP32 value? a single value?) is taken per record, and
+    :class:`MixedDecision` is raised where the records differ, so a stacked replay is the records' own replays or
+    none."""
+    token = _MEMBERS.set((count, frozenset(lengths)))
     try:
         yield
     finally:
@@ -186,12 +188,14 @@ def members(count: int) -> Iterator[None]:
 
 
 def _all_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """``torch.equal(a, b)`` for same-shaped tensors, the same for every member of a batched replay. A value of the
-    records has them stacked along dimension 0 (``ulptrace.oracle.members`` checks every value of the program is so,
-    or is the same for all): compared member by member; a value whose dimension 0 does not split into the members is
-    the same for all of them."""
-    count = _MEMBERS.get()
-    if count == 1 or a.dim() == 0 or a.shape[0] % count:
+    """``torch.equal(a, b)`` for same-shaped tensors, the same for every record of a stacked replay. A value of the
+    records has them stacked along dimension 0 (``ulptrace.oracle.members.stacks`` checks every value of the program
+    computed from its inputs is so, and that the others are the same for all): compared record by record. Any other
+    value (a norm's ``1 + weight``) is the same for every record, compared whole — and were one of them taken for the
+    records' (its dimension 0 of a records' length), its parts would all be equal or all differ, or raise: never a
+    wrong decision."""
+    count, lengths = _MEMBERS.get()
+    if count == 1 or a.dim() == 0 or a.shape[0] not in lengths:
         return bool(torch.equal(a, b))
     equal = (a == b).reshape(count, -1).all(1).tolist()
     if any(equal) and not all(equal):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.intervals import members
+from ulptrace.oracle.members import stacked_lengths
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
 from ulptrace.oracle.sharding import ShardedReduction
@@ -210,7 +211,7 @@ def judge_stacked(
     _check_output(program, output, "output")
     if reference_output is not None:
         _check_output(program, reference_output, "reference_output")
-    with members(len(sites)):
+    with members(len(sites), stacked_lengths(program, len(sites))):
         base = replay(program, inputs, track_point=True)
         iv = output_interval(program, base)
         options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []

@@ -85,3 +85,13 @@ def stacks(one: Program, many: Program, count: int) -> bool:
         elif tuple(a.shape) != tuple(b.shape):
             return False
     return True
+
+
+def stacked_lengths(program: Program, count: int) -> frozenset[int]:
+    """The lengths of dimension 0 of ``program``'s values computed from its inputs, where ``program`` is captured for
+    ``count`` records stacked (``ulptrace.oracle.intervals.members``: the values whose decisions are taken per record);
+    none for one record."""
+    if count == 1:
+        return frozenset()
+    dependent = depends_on_inputs(program)
+    return frozenset(v.shape[0] for v in program.values if v.index in dependent and v.shape)
