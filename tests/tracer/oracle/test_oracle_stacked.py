@@ -157,3 +157,22 @@ def test_signature_equal_for_equal_formulas_only() -> None:
     assert signature(pc) != signature(pa)  # another weight: another program
     pd = capture_semantics(lambda x: a(x), {"x": torch.randn(3, 64).to(BF16)}, constant_names=a)
     assert signature(pd) != signature(pa)  # another shape
+
+
+def test_a_value_the_records_share_is_decided_whole() -> None:
+    """``1 + w`` of a constant ``w`` is an FP32 value in some elements and not in others: the same for every record,
+    it is decided once for all of them (its dimension 0 is no length of the records' values), not split as if its
+    halves were two records' — which would raise ``MixedDecision`` for records that decide alike."""
+    w = torch.tensor([0.5, 0.25, 2.0**-30, 2.0**-31], dtype=torch.float64)
+
+    def formula(x):
+        return (x.float() * (1.0 + w).float()).to(BF16)
+
+    x1, x2 = torch.randn(1, 4).to(BF16), torch.randn(1, 4).to(BF16)
+    one = capture_semantics(formula, {"x": x1})
+    many = capture_semantics(formula, {"x": torch.cat([x1, x2])})
+    assert stacks(one, many, 2)
+    outs = [formula(x1), formula(x2)]
+    together = judge_stacked(many, {"x": torch.cat([x1, x2])}, torch.cat(outs), torch.cat(outs), [None, None])
+    for x, out, b in zip((x1, x2), outs, together, strict=True):
+        _same(judge(one, {"x": x}, out, out), b)
