@@ -99,7 +99,8 @@ def exit_now(out: Any) -> None:
 def end_processes(processes: list[Any], queues: list[Any], *, ask: list[Any] | None = None) -> None:
     """In the parent: end helper ``processes`` and close their ``queues``. With ``ask`` (their command queues, in the
     same order) each one still alive is sent None — it leaves its loop and ends as a helper does
-    (:func:`exit_now`) — and given a few polls to; any still alive then (busy, failed, or not asked) is killed."""
+    (:func:`exit_now`) — and given a few polls to; any still alive then (busy, failed, or not asked) is killed. What the
+    queues still hold for them is dropped."""
     if ask is not None:
         for process, queue in zip(processes, ask):
             if process.is_alive():
@@ -111,6 +112,9 @@ def end_processes(processes: list[Any], queues: list[Any], *, ask: list[Any] | N
             process.kill()
         process.join()
     for queue in queues:
+        # what is still buffered for a process that is gone will never be read: this process's exit must not wait to
+        # send it (a share of pairs larger than the pipe holds, sent to a killed worker, kept the exit waiting forever)
+        queue.cancel_join_thread()
         queue.close()
 
 

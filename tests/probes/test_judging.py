@@ -6,6 +6,9 @@ Each new pool starts processes (imports, a second of CPU each and more on CI's t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from onset_reports import essentials, report, within
 from ulptrace import judging
@@ -121,3 +124,21 @@ def test_pairs_held_to_a_byte_budget_report_the_same(monkeypatch) -> None:
     there = within(180, lambda: report(RunConfig(**fields, judge_workers=2)))
     assert essentials(there) == essentials(here)
     judging.shutdown()
+
+
+def test_ending_helpers_drops_what_they_will_never_read() -> None:
+    """A helper killed with a command still in its queue (a share of pairs larger than a pipe holds): this process
+    exits at once, not waiting forever to send it (pytest hung after its summary until this was so)."""
+    code = (
+        "import time\n"
+        "from ulptrace.processes import end_processes, spawn_context\n"
+        "if __name__ == '__main__':\n"
+        "    context = spawn_context()\n"
+        "    queue = context.Queue()\n"
+        "    process = context.Process(target=time.sleep, args=(60,), daemon=True)\n"
+        "    process.start()\n"
+        "    queue.put(b'x' * (4 << 20))\n"
+        "    end_processes([process], [queue])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=False, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
