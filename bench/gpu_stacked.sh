@@ -3,7 +3,9 @@
 # build the kernels, the GPU tests of the judging paths (TESTS: stacked answers, judging processes, concurrent
 # reference), bench_stacked.py on P3's workload (one by one against stacked, ops per pair, the same answers), then
 # bench_trace.py's P3 judged here and in each of WORKERS processes (default "0 8"; the report's sha256: 9ac5bc07... at
-# 3c98fdf). Logs and JSON under $OUT.
+# 3c98fdf). BASE: a folder holding an earlier commit's package as `ulptrace` (tracer/ copied there, probes/ and
+# kernels/ inside it): bench_stacked.py and P3 judged here are run with it too, on the same host. Logs and JSON under
+# $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 TESTS=${TESTS:-tests/probes/test_stacked_judging.py tests/probes/test_judging.py tests/probes/test_onset_concurrent.py}
@@ -20,3 +22,10 @@ for w in ${WORKERS:-0 8}; do
         --json $OUT/p3_workers_$w.json --reports /tmp/reports_$w 2>&1 | grep "^P3\|Error" | tee -a $OUT/p3.log
     sha256sum /tmp/reports_$w/P3-oracle.json | tee -a $OUT/p3.log
 done
+if [ -n "${BASE:-}" ]; then
+    PYTHONPATH=$BASE timeout 150 python3 bench/bench_stacked.py --device cuda --model qwen3.5-0.8b \
+        --json $OUT/stacked_base.json 2>&1 | grep -v "^\[transformers\]" | tee $OUT/stacked_base.log
+    PYTHONPATH=$BASE timeout 150 python3 bench/bench_trace.py --device cuda --model qwen3.5-0.8b --goals P3 \
+        --json $OUT/p3_base.json --reports /tmp/reports_base 2>&1 | grep "^P3\|Error" | tee -a $OUT/p3.log
+    sha256sum /tmp/reports_base/P3-oracle.json | tee -a $OUT/p3.log
+fi

@@ -14,8 +14,8 @@ bug) gets ``verdicts = None`` *and* ``could_not_judge`` with the reason: an outc
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -80,21 +80,36 @@ class OracleJudge:
     def site(self, name: str) -> Site | None:
         return self.sites.get(_CALL_SUFFIX.sub("", name))
 
-    def program(self, site: Site, inputs: dict[str, torch.Tensor]) -> Any:
-        """The captured reference semantics of ``site`` for inputs shaped like ``inputs`` (cached)."""
+    def program(self, site: Site, inputs: dict[str, torch.Tensor],
+                per_unit: dict[str, torch.Tensor] | None = None) -> Any:
+        """The captured reference semantics of ``site`` for inputs shaped like ``inputs`` (cached). ``per_unit``: the
+        layer's parameters (named relative to it) that hold these values instead, shaped for the units of a stack
+        (``ulptrace.oracle.members``); the program is captured once per their shapes and given their values."""
         from ulptrace.oracle import capture_semantics
 
         formula = self._formulas[site.name]
         if hasattr(formula, "judge"):  # semantics with a construction of their own (the GatedDeltaNet scan)
             return formula
-        key = (site.name,) + tuple((r, tuple(t.shape), t.dtype) for r, t in sorted(inputs.items()))
+        swapped = per_unit or {}
+        key = (site.name,) + tuple((r, tuple(t.shape), t.dtype) for r, t in sorted(inputs.items())) + \
+            tuple((n, tuple(t.shape), t.dtype) for n, t in sorted(swapped.items()))
         if key not in self._programs:
             assert site.formula is not None
             # name parameters as a kernel engineer reads them: relative to the layer ("linear_attn.A_log")
             scope = self._scope(site)
-            self._programs[key] = capture_semantics(self._formulas[site.name], inputs, constant_names=scope,
-                                                    name=site.name)
-        return self._programs[key]
+            try:
+                with _swapped(scope, swapped):
+                    self._programs[key] = capture_semantics(self._formulas[site.name], inputs,
+                                                            constant_names=scope, name=site.name)
+            except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
+                if not swapped:
+                    raise
+                self._programs[key] = exc  # a formula that cannot take them so: not asked again
+        program = self._programs[key]
+        if isinstance(program, Exception):
+            raise program
+        used = {n: t for n, t in swapped.items() if n in program.constants}
+        return program.with_constants(used) if used else program
 
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
         reference, candidate = self.on_device(reference), self.on_device(candidate)
@@ -139,13 +154,14 @@ class OracleJudge:
 
     def stacks(self, pairs: Sequence[tuple[Record, Record]]) -> list[list[tuple[int, _Part | None]]]:
         """The pairs (their indices) grouped as :meth:`replayed_many` judges them: one stack per list. The differing
-        parts of records of a row-wise or batch-wise kind (``ulptrace.sites``) whose programs compute the same thing
-        (``ulptrace.oracle.members.signature``: a site's records at every decode step, a formula without parameters
-        of its own at every layer) on inputs of the same shapes are stacked along dimension 0, up to
-        :data:`STACK_ELEMENTS` elements and :data:`STACK_RECORDS` records (judged as a power of two: the last stack
-        padded with copies of its first record); any other pair is a stack of its own (its part None)."""
+        parts of records of a row-wise or batch-wise kind (``ulptrace.sites``) — their rows, or batch items — laid
+        along dimension 0, one unit each, are stacked where one program computes the same thing on a unit
+        (``ulptrace.oracle.members.signature``: a site at its prefill and every decode step, a formula without
+        parameters of its own at every layer) on units of the same shapes: up to :data:`STACK_ELEMENTS` output
+        elements and :data:`STACK_RECORDS` records a stack (judged as a power of two of units, padded with copies of
+        the first record's); any other pair is a stack of its own (its part None)."""
         stacks: list[list[tuple[int, _Part | None]]] = []
-        groups: dict[Any, list[tuple[int, _Part | None]]] = {}
+        groups: dict[Any, list[tuple[int, _Part]]] = {}
         for index, (reference, candidate) in enumerate(pairs):
             part = self._stackable(reference, candidate)
             if part is None:
@@ -153,8 +169,16 @@ class OracleJudge:
             else:
                 groups.setdefault(part.key, []).append((index, part))
         for group in groups.values():
-            cap = _stack_cap(group[0][1].candidate.out.numel())  # type: ignore[union-attr]
-            stacks += [group[start:start + cap] for start in range(0, len(group), cap)]
+            cap = _stack_cap(group[0][1].candidate.out[:1].numel())
+            stack: list[tuple[int, _Part | None]] = []
+            units = 0
+            for index, part in group:
+                if stack and (units + part.units > cap or len(stack) >= STACK_RECORDS):
+                    stacks.append(stack)
+                    stack, units = [], 0
+                stack.append((index, part))
+                units += part.units
+            stacks.append(stack)
         return stacks
 
     def queued(self, queue_bytes: int = QUEUE_BYTES) -> QueuedJudge:
@@ -168,52 +192,90 @@ class OracleJudge:
         return self.judge_reference or not self.rows or hasattr(self._formulas[site.name], "judge")
 
     def _stackable(self, reference: Record, candidate: Record) -> _Part | None:
-        """The part of a pair :meth:`replayed_many` may stack with others (its key: equal for parts judged by the
-        same program on inputs and outputs of the same shapes and dtypes), or None: judged alone."""
+        """The part of a pair :meth:`replayed_many` may stack with others — its differing rows (a row-wise kind) or
+        batch items (a batch-wise one) laid along dimension 0, one unit each — with its key (equal for parts whose
+        units one program judges on inputs and outputs of the same shapes and dtypes), or None: judged alone. A
+        row-wise formula that uses its layer's vector parameters element by element (a norm's weight) is captured
+        with them per unit (:meth:`_per_unit`), so one program judges it at every layer."""
         site = self.site(reference.site)
         if site is None or site.kind not in STACKED_KINDS or self._whole(site):
             return None
-        subset = _differing_parts(site, reference, candidate)
-        ref, cand, exact_elsewhere = subset if subset is not None else (reference, candidate, 0)
-        inputs = self._candidate_inputs(ref, cand)
-        tensors = [ref.out, cand.out, *ref.inputs.values(), *(inputs.values() if isinstance(inputs, dict) else ())]
-        if isinstance(inputs, str) or any(t.dim() == 0 or t.shape[0] != ref.out.shape[0] for t in tensors):
+        inputs = self._candidate_inputs(reference, candidate)
+        if isinstance(inputs, str):
             return None
-        try:
-            program = self.program(site, ref.inputs)
-        except (NotImplementedError, ValueError, TypeError, RuntimeError):
-            return None  # judged alone, where the reason is reported
+        cut = _units(site, reference, candidate, inputs)
+        if cut is None:
+            return None
+        ref, cand, inputs, exact_elsewhere = cut
+        unit = {role: t[:1] for role, t in ref.inputs.items()}
         from ulptrace.oracle.members import signature
 
-        shapes = tuple((role, tuple(t.shape), t.dtype) for role, t in sorted(inputs.items()))
-        key = (signature(program), shapes, tuple(cand.out.shape), cand.out.dtype, ref.out.dtype, ref.out.device)
-        return _Part(key, site, ref, cand, inputs, exact_elsewhere, program)
+        params = self._per_unit(site, unit)
+        try:
+            program = self.program(site, unit, params) if params else None
+            if program is None or tuple(program.output_value.shape) != tuple(cand.out[:1].shape):
+                params, program = {}, self.program(site, unit)
+        except (NotImplementedError, ValueError, TypeError, RuntimeError):
+            try:
+                params, program = {}, self.program(site, unit)
+            except (NotImplementedError, ValueError, TypeError, RuntimeError):
+                return None  # judged alone, where the reason is reported
+        params = {n: t for n, t in params.items() if n in program.constants}
+        per_unit = frozenset(params)
+        shapes = tuple((role, tuple(t.shape[1:]), t.dtype) for role, t in sorted(inputs.items()))
+        key = (signature(program, per_unit), per_unit, shapes, tuple(cand.out.shape[1:]), cand.out.dtype,
+               ref.out.dtype, ref.out.device)
+        return _Part(key, site, ref, cand, inputs, exact_elsewhere, program, cand.out.shape[0], params)
+
+    def _per_unit(self, site: Site, unit: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The vector parameters of ``site``'s layer (named relative to it) in the rank of its units, dimension 0 of
+        one, as a program takes them per unit (``ulptrace.oracle.members``); none for a site outside the layers, a
+        batch-wise kind, or a run with sharded parameters."""
+        if site.layer is None or site.kind not in ROW_WISE_KINDS or self.shards or not unit:
+            return {}
+        rank = max(t.dim() for t in unit.values())
+        scope = self._scope(site)
+        named = [*scope.named_parameters(), *scope.named_buffers()]
+        return {name: t.detach().reshape(*(1,) * (rank - 1), -1) for name, t in named
+                if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES and rank > 1}
 
     def _judged_stacked(self, parts: list[_Part]) -> list[dict[str, Any] | None]:
         """The answers of parts with one key judged in one replay; None for a part to judge alone. Parts whose
         records would decide differently in the replay are split by that decision and each side stacked again."""
         from ulptrace.oracle import judge_stacked
-        from ulptrace.oracle.intervals import MixedDecision
+        from ulptrace.oracle.intervals import Layout, MixedDecision
         from ulptrace.oracle.judge import verdict_histograms
         from ulptrace.oracle.members import stacks
 
         count = len(parts)
         if count == 1:
             return [None]
-        padded = 1 << (count - 1).bit_length()
-        members = parts + [parts[0]] * (padded - count)
         first = parts[0]
+        lengths = [p.units for p in parts]
+        layout = Layout(lengths, 1 << (sum(lengths) - 1).bit_length())  # a few shapes: each captured once
+        pad = layout.units - sum(lengths)
+
+        def stacked(values: list[torch.Tensor]) -> torch.Tensor:  # the padding: copies of the first record's units
+            head = values[0]
+            copies = head.repeat(-(-pad // head.shape[0]), *(1,) * (head.dim() - 1))[:pad] if pad else head[:0]
+            return torch.cat([*values, copies])
+
+        per_unit = frozenset(first.params)
         try:
-            program = self.program(first.site, {role: torch.cat([p.reference.inputs[role] for p in members])
-                                                for role in first.reference.inputs})
-            if not stacks(first.program, program, padded):
+            params = {n: stacked([p.params[n].expand(p.units, *p.params[n].shape[1:]) for p in parts])
+                      for n in per_unit}
+            program = self.program(first.site, {role: stacked([p.reference.inputs[role] for p in parts])
+                                                for role in first.reference.inputs}, params)
+            if not stacks(first.program, program, layout.units, per_unit):
                 return [None] * count
-            inputs = {role: torch.cat([p.inputs[role] for p in members]) for role in first.inputs}
-            output = torch.cat([p.candidate.out for p in members])
-            reference = torch.cat([p.reference.out for p in members])
-            results = judge_stacked(program, inputs, output, reference, [p.site.name for p in members],
-                                    hypotheses=self.hypotheses, shards=self._shards(first.site))
-            histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output, reference, padded)
+            inputs = {role: stacked([p.inputs[role] for p in parts]) for role in first.inputs}
+            output = stacked([p.candidate.out for p in parts])
+            reference = stacked([p.reference.out for p in parts])
+            results = judge_stacked(program, inputs, output, reference, [p.site.name for p in parts], layout=layout,
+                                    per_unit=per_unit, hypotheses=self.hypotheses, shards=self._shards(first.site))
+            real = layout.offsets[-1] * (output.shape[0] // layout.units)
+            histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output[:real], reference[:real],
+                                            Layout(lengths))
         except MixedDecision as mixed:  # the padding copies the first part: it decides as that one does
             sides = [[k for k in range(count) if mixed.equal[k] == way] for way in (True, False)]
             answers: list[dict[str, Any] | None] = [None] * count
@@ -226,7 +288,7 @@ class OracleJudge:
         except (NotImplementedError, ValueError, TypeError, RuntimeError):
             return [None] * count  # each judged alone: the same answers, or the reason one of them cannot be judged
         answers = []
-        for part, result, histogram in zip(parts, results, histograms or [None] * padded, strict=False):  # padding off
+        for part, result, histogram in zip(parts, results, histograms or [None] * count, strict=True):
             verdicts = {v: int(result.counts.get(v, 0)) for v in VERDICTS}
             verdicts["exact"] += part.exact_elsewhere
             answers.append({"verdicts": verdicts, "boundary": result.boundary,
@@ -399,39 +461,56 @@ class _Part(NamedTuple):
     candidate: Record
     inputs: dict[str, torch.Tensor]  # the candidate's inputs for the reference's program
     exact_elsewhere: int  # elements of the record left out of the part (bitwise equal)
-    program: Any  # the part's own program
+    program: Any  # the program of one unit (dimension 0 of one)
+    units: int  # the part's length in dimension 0
+    params: dict[str, torch.Tensor]  # the program's per-unit constants: this layer's values, dimension 0 of one
 
 
 _DIGITS = re.compile(r"\d+")
+_PER_UNIT_BYTES = 1 << 20  # a layer's vector parameters a stack holds per unit: a norm's weight, not an embedding
+
+
+@contextmanager
+def _swapped(scope: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[None]:
+    """``scope``'s parameters and buffers named in ``tensors`` (relative to it) hold those tensors for the block: a
+    formula bound to the module reads them (``OracleJudge.program``'s per-unit capture)."""
+    saved = []
+    try:
+        for name, tensor in tensors.items():
+            owner_name, _, attr = name.rpartition(".")
+            owner = scope.get_submodule(owner_name) if owner_name else scope
+            table = owner._parameters if attr in owner._parameters else owner._buffers
+            saved.append((table, attr, table[attr]))
+            table[attr] = tensor
+        yield
+    finally:
+        for table, attr, old in reversed(saved):
+            table[attr] = old
 
 
 def stack_hint(record: Record) -> tuple:
     """A sort key that puts records that may be judged in one stack (``OracleJudge.stacks``) next to each other, from
-    the record alone (no program): its site with the layer numbers taken out, its output's shape and dtype, its
-    step. A hint only: ``OracleJudge.stacks`` decides."""
-    return (_DIGITS.sub("#", record.site), tuple(record.out.shape), str(record.out.dtype), record.site, record.step)
+    the record alone (no program): its site with the layer numbers taken out, the shape of one unit of its output (a
+    row of a row-wise kind, a batch item of another) and its dtype, its site, its step. A hint only:
+    ``OracleJudge.stacks`` decides."""
+    unit = record.out.shape[-1:] if record.kind in ROW_WISE_KINDS else record.out.shape[1:]
+    return (_DIGITS.sub("#", record.site), tuple(unit), str(record.out.dtype), record.site, record.step)
 
 
 def _stack_cap(elements: int) -> int:
-    """How many records of ``elements`` output elements each one stack holds: a power of two."""
-    cap = min(STACK_RECORDS, max(1, STACK_ELEMENTS // max(elements, 1)))
+    """How many units of ``elements`` output elements each one stack holds: a power of two."""
+    cap = max(1, STACK_ELEMENTS // max(elements, 1))
     return 1 << (cap.bit_length() - 1)
 
 
-def _differing_parts(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
-    """The two records cut down to the parts where the candidate's output differs from the reference's, and how many
-    elements that leaves out — or None where judging the whole record is the way. A part is a row (the last
-    dimension) for a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``: every input shaped in the output's rows), a
-    batch item (dimension 0) for a batch-wise one (``BATCH_WISE_KINDS``: every input with the output's batch); whole
-    records otherwise, and where more than half the parts differ or the output's dtype changed.
-
-    The parts kept are the differing ones, then copies of one equal part up to a power of two (so a site's programs
-    come in a few shapes, each captured once); the copies are bitwise equal, so ``exact``: the caller counts the
-    left-out elements as exact, the padding's taken back off."""
-    ref_out, cand_out = reference.out, candidate.out
-    if ref_out.dim() < 2 or ref_out.dtype != cand_out.dtype or ref_out.shape != cand_out.shape:
+def _differing(site: Site, reference: Record, tensors: Sequence[torch.Tensor]) -> tuple[int, torch.Tensor] | None:
+    """How many parts ``reference``'s output has — rows of a row-wise kind (``ulptrace.sites.ROW_WISE_KINDS``: every
+    one of ``tensors`` shaped in the output's rows), batch items of a batch-wise one (``BATCH_WISE_KINDS``: every one
+    with the output's batch) — and which of them the candidate's output (``tensors[0]``) differs in (every one where
+    its dtype is another); None where a record is judged whole (another kind, tensors shaped otherwise)."""
+    ref_out, cand_out = reference.out, tensors[0]
+    if ref_out.dim() < 2 or ref_out.shape != cand_out.shape:
         return None
-    tensors = [*reference.inputs.values(), *candidate.inputs.values()]
     if site.kind in ROW_WISE_KINDS:
         lead = ref_out.shape[:-1]
         if any(t.shape[:-1] != lead for t in tensors):
@@ -443,26 +522,66 @@ def _differing_parts(site: Site, reference: Record, candidate: Record) -> tuple[
             return None
     else:
         return None
-    size = ref_out.numel() // n_parts
-    differ = ~same_bits(ref_out, cand_out).reshape(n_parts, size).all(-1)
+    if ref_out.dtype != cand_out.dtype:
+        return n_parts, torch.ones(n_parts, dtype=torch.bool, device=ref_out.device)
+    return n_parts, ~same_bits(ref_out, cand_out).reshape(n_parts, -1).all(-1)
+
+
+def _cut(site: Site, t: torch.Tensor, n_parts: int, parts: torch.Tensor, rows_first: bool) -> torch.Tensor:
+    """The ``parts`` of ``t`` (:func:`_differing`): batch items along dimension 0; rows of a row-wise kind along the
+    next-to-last dimension (``(1, ..., rows, columns)``), or along the first with ``rows_first`` (``(rows, 1, ...,
+    columns)``), the rank kept."""
+    if site.kind in BATCH_WISE_KINDS:
+        return t.index_select(0, parts)
+    rows = t.reshape(n_parts, t.shape[-1]).index_select(0, parts)
+    ones = (1,) * (t.dim() - 2)
+    return rows.reshape(parts.numel(), *ones, t.shape[-1]) if rows_first else rows.reshape(*ones, -1, t.shape[-1])
+
+
+def _cut_record(site: Site, r: Record, n_parts: int, parts: torch.Tensor, rows_first: bool = False,
+                inputs: dict[str, torch.Tensor] | None = None) -> Record:
+    cut = {k: _cut(site, v, n_parts, parts, rows_first) for k, v in (r.inputs if inputs is None else inputs).items()}
+    return Record(r.site, r.step, r.kind, r.layer, _cut(site, r.out, n_parts, parts, rows_first), cut)
+
+
+def _differing_parts(site: Site, reference: Record, candidate: Record) -> tuple[Record, Record, int] | None:
+    """The two records cut down to the parts where the candidate's output differs from the reference's
+    (:func:`_differing`), and how many elements that leaves out — or None where judging the whole record is the way:
+    a record judged whole (:func:`_differing`), and where more than half the parts differ (all do where the output's
+    dtype changed).
+
+    The parts kept are the differing ones, then copies of one equal part up to a power of two (so a site's programs
+    come in a few shapes, each captured once); the copies are bitwise equal, so ``exact``: the caller counts the
+    left-out elements as exact, the padding's taken back off."""
+    found = _differing(site, reference, [candidate.out, *reference.inputs.values(), *candidate.inputs.values()])
+    if found is None:
+        return None
+    n_parts, differ = found
     picked = differ.nonzero().flatten()
     width = 1 << max(0, int(picked.numel()) - 1).bit_length()  # a power of two >= the differing parts
     if picked.numel() == 0 or 2 * width > n_parts:
         return None
     equal = int((~differ).nonzero()[0, 0])
     parts = torch.cat([picked, picked.new_full((width - picked.numel(),), equal)])
-    ones = (1,) * (ref_out.dim() - 2)  # a row-wise output's rank kept: (1, ..., rows, columns)
+    left_out = (n_parts - width) * (reference.out.numel() // n_parts)  # the equal parts left out, less the padding's
+    return _cut_record(site, reference, n_parts, parts), _cut_record(site, candidate, n_parts, parts), left_out
 
-    def cut(t: torch.Tensor) -> torch.Tensor:
-        if site.kind in BATCH_WISE_KINDS:
-            return t.index_select(0, parts)
-        return t.reshape(n_parts, t.shape[-1]).index_select(0, parts).reshape(*ones, width, t.shape[-1])
 
-    def cut_record(r: Record) -> Record:
-        return Record(r.site, r.step, r.kind, r.layer, cut(r.out), {k: cut(v) for k, v in r.inputs.items()})
-
-    left_out = (n_parts - width) * size  # the equal parts left out, less the padding's copies judged
-    return cut_record(reference), cut_record(candidate), left_out
+def _units(site: Site, reference: Record, candidate: Record, inputs: dict[str, torch.Tensor]
+           ) -> tuple[Record, Record, dict[str, torch.Tensor], int] | None:
+    """The differing parts of a pair (:func:`_differing`: every one of them, however many) laid along dimension 0 as
+    ``OracleJudge.replayed_many`` stacks them, one unit a part, with the candidate's ``inputs`` for the program cut
+    alike, and how many elements are left out (bitwise equal); None where the record is judged whole."""
+    found = _differing(site, reference, [candidate.out, *reference.inputs.values(), *inputs.values()])
+    if found is None:
+        return None
+    n_parts, differ = found
+    parts = differ.nonzero().flatten()
+    if parts.numel() == 0:
+        return None
+    left_out = (n_parts - parts.numel()) * (reference.out.numel() // n_parts)
+    cand = _cut_record(site, candidate, n_parts, parts, True, inputs)
+    return _cut_record(site, reference, n_parts, parts, True), cand, cand.inputs, left_out
 
 
 def _on(record: Record, device: torch.device) -> Record:

@@ -41,6 +41,17 @@ def test_stacked_answers_are_each_pairs_own(fields) -> None:
         # across decode steps (one site) and, for a formula without parameters of its own, across layers
         assert any(len({pairs[i][0].step for i, _ in s}) > 1 for s in stacked)
         assert any(len({pairs[i][0].site for i, _ in s}) > 1 for s in stacked)
+        if any(r.step == 0 and r.kind == "norm" for r, _ in pairs):  # norms differ at the prefill and after
+            # a site's prefill and decode steps in one stack (their rows stacked), and a norm at several layers with
+            # weights of their own in one (the weight per unit)
+            assert any(len({pairs[i][0].out.shape for i, _ in s}) > 1 for s in stacked)
+            norms = [s for s in stacked if {pairs[i][0].kind for i, _ in s} == {"norm"}
+                     and len({pairs[i][0].layer for i, _ in s}) > 1]
+            assert norms, "one norm program at every layer"
+            params = dict(judge.model.named_parameters())
+            weights = {tuple(params[n].flatten().tolist()) for i, _ in norms[0] for n in params
+                       if n.endswith(f"{pairs[i][0].site}.weight")}
+            assert len(weights) > 1, "the stacked layers' norms have weights of their own"
         together = judge.replayed_many(pairs)
         assert together == alone
         verdict_totals = {v: sum(a["verdicts"][v] for a in alone) for v in alone[0]["verdicts"]}

@@ -28,9 +28,10 @@ indices) travel as exact points.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -161,7 +162,84 @@ def rne(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------- members
 
-_MEMBERS: ContextVar[tuple[int, frozenset[int]]] = ContextVar("members", default=(1, frozenset()))
+class Layout:
+    """How the records of a stacked replay lie along dimension 0 of its values (``ulptrace.oracle.members``): the
+    values split into ``units`` equal slices, record ``k`` holds ``lengths[k]`` consecutive ones, in order, and the
+    slices after them are padding — copies of the first record's, decided with it (so they decide as it does) and
+    counted for none. One record a slice (``Layout.of(count)``) is records of equal shapes stacked; a slice a row or a
+    batch item lets records of different lengths stack (``ulptrace.verdicts``)."""
+
+    def __init__(self, lengths: Sequence[int], units: int | None = None) -> None:
+        self.lengths = tuple(int(n) for n in lengths)
+        self.count = len(self.lengths)
+        self.units = sum(self.lengths) if units is None else int(units)
+        if self.count == 0 or min(self.lengths) < 1 or self.units < sum(self.lengths):
+            raise ValueError(f"a layout needs records of at least one unit within {self.units} units, but got "
+                             f"{self.lengths}")
+        self.offsets = tuple(itertools.accumulate((0, *self.lengths)))
+        self.even = self.units == self.count  # a record a slice: reductions per record need no index
+        self._index: dict[torch.device, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, count: int) -> Layout:
+        """``count`` records of one slice each (equal shapes)."""
+        return cls((1,) * count)
+
+    def record_of_unit(self, device: torch.device) -> torch.Tensor:
+        """The record each slice belongs to (int64, ``units`` long); the padding's is ``count``."""
+        if device not in self._index:
+            counts = torch.tensor((*self.lengths, self.units - self.offsets[-1]), device=device)
+            self._index[device] = torch.repeat_interleave(torch.arange(self.count + 1, device=device), counts)
+        return self._index[device]
+
+    def per_unit(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (dimension 0 the stacked one) as ``(units, -1)``."""
+        return x.reshape(self.units, -1)
+
+    def sums(self, x: torch.Tensor) -> list[int]:
+        """The sum of ``x`` over each record's slices (the padding's left out): one read of the device."""
+        return self._per_record(x, "sum")
+
+    def maxima(self, x: torch.Tensor) -> list[int]:
+        """The largest element of ``x`` (non-negative) over each record's slices (the padding's left out)."""
+        return self._per_record(x, "amax")
+
+    def _per_record(self, x: torch.Tensor, reduce: str) -> list[int]:
+        if self.units == 1:
+            return [int(getattr(x, reduce)())]
+        per_unit = getattr(self.per_unit(x), reduce)(1)
+        if self.even:
+            return per_unit.tolist()
+        out = torch.zeros(self.count + 1, dtype=per_unit.dtype, device=x.device)
+        return out.scatter_reduce_(0, self.record_of_unit(x.device), per_unit, reduce)[:self.count].tolist()
+
+    def all_per_record(self, flags: torch.Tensor) -> list[bool]:
+        """Whether every one of a record's ``flags`` (one per slice) is set, the padding's counted with the first
+        record's."""
+        if self.even:
+            return flags.tolist()
+        unset = torch.zeros(self.count + 1, dtype=torch.int64, device=flags.device)
+        unset = unset.index_add_(0, self.record_of_unit(flags.device), (~flags).long()).tolist()
+        unset[0] += unset.pop()
+        return [n == 0 for n in unset]
+
+    def part(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        """Record ``k``'s part of a value of the stack (dimension 0)."""
+        if self.count == 1 and self.units == 1:
+            return x
+        step = x.shape[0] // self.units
+        return x[self.offsets[k] * step:self.offsets[k + 1] * step]
+
+    def grouped(self, codes: torch.Tensor, groups: int) -> torch.Tensor:
+        """``codes`` (``0 <= code < groups``, dimension 0 the stacked one) made distinct per record: record ``k``'s
+        become ``k * groups + code``, the padding's ``count * groups + code`` (``(count + 1) * groups`` in all)."""
+        if self.count == 1 and self.units == 1:
+            return codes
+        record = self.record_of_unit(codes.device)
+        return (self.per_unit(codes).long() + (record * groups).unsqueeze(1)).reshape(codes.shape)
+
+
+_MEMBERS: ContextVar[tuple[Layout, frozenset[int]] | None] = ContextVar("members", default=None)
 
 
 class MixedDecision(Exception):
@@ -174,13 +252,13 @@ class MixedDecision(Exception):
 
 
 @contextmanager
-def members(count: int, lengths: frozenset[int] = frozenset()) -> Iterator[None]:
-    """Replay ``count`` records stacked along dimension 0 (``ulptrace.oracle.members``): every decision the rounding
-    takes on a value of the records — a tensor whose dimension 0 is one of ``lengths``, those of the program's values
-    computed from its inputs — (is this an FP32 value? a single value?) is taken per record, and
+def members(layout: Layout, lengths: frozenset[int] = frozenset()) -> Iterator[None]:
+    """Replay the records of ``layout`` stacked along dimension 0 (``ulptrace.oracle.members``): every decision the
+    rounding takes on a value of the records — a tensor whose dimension 0 is one of ``lengths``, those of the
+    program's values computed from its inputs — (is this an FP32 value? a single value?) is taken per record, and
     :class:`MixedDecision` is raised where the records differ, so a stacked replay is the records' own replays or
     none."""
-    token = _MEMBERS.set((count, frozenset(lengths)))
+    token = _MEMBERS.set((layout, frozenset(lengths)) if layout.units > 1 else None)
     try:
         yield
     finally:
@@ -194,10 +272,11 @@ def _all_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     value (a norm's ``1 + weight``) is the same for every record, compared whole — and were one of them taken for the
     records' (its dimension 0 of a records' length), its parts would all be equal or all differ, or raise: never a
     wrong decision."""
-    count, lengths = _MEMBERS.get()
-    if count == 1 or a.dim() == 0 or a.shape[0] not in lengths:
+    stacked = _MEMBERS.get()
+    if stacked is None or a.dim() == 0 or a.shape[0] not in stacked[1]:
         return bool(torch.equal(a, b))
-    equal = (a == b).reshape(count, -1).all(1).tolist()
+    layout = stacked[0]
+    equal = layout.all_per_record(layout.per_unit(a == b).all(1))
     if any(equal) and not all(equal):
         raise MixedDecision(equal)
     return all(equal)

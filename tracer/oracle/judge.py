@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
-from ulptrace.oracle.intervals import members
+from ulptrace.oracle.intervals import Layout, members
 from ulptrace.oracle.members import stacked_lengths
 from ulptrace.oracle.program import Program
 from ulptrace.oracle.replay import output_interval, replay, to_dtype
@@ -195,12 +195,16 @@ def judge_stacked(
     reference_output: torch.Tensor | None,
     sites: Sequence[str | None],
     *,
+    layout: Layout | None = None,
+    per_unit: frozenset[str] = frozenset(),
     hypotheses: bool = True,
     shards: Iterable[ShardedReduction] = (),
 ) -> list[Judgement]:
     """:func:`judge` of ``len(sites)`` records stacked along dimension 0, in one replay: ``program`` is captured for
     the stack (``ulptrace.oracle.members.stacks`` says whether it is the records' program stacked), ``inputs``,
-    ``output`` and ``reference_output`` are the records' own, concatenated in order. Each record's
+    ``output`` and ``reference_output`` are the records' own, concatenated in order, as ``layout`` says (default:
+    records of equal shapes, ``Layout.of(len(sites))``; its padding is judged for none); ``per_unit`` names the
+    program's constants that hold each unit's own values (``ulptrace.oracle.members``). Each record's
     :class:`Judgement` is the one :func:`judge` gives it alone.
 
     Raises:
@@ -211,7 +215,10 @@ def judge_stacked(
     _check_output(program, output, "output")
     if reference_output is not None:
         _check_output(program, reference_output, "reference_output")
-    with members(len(sites), stacked_lengths(program, len(sites))):
+    layout = layout or Layout.of(len(sites))
+    if layout.count != len(sites):
+        raise ValueError(f"a layout of {layout.count} records for {len(sites)} sites")
+    with members(layout, stacked_lengths(program, layout.units, per_unit)):
         base = replay(program, inputs, track_point=True)
         iv = output_interval(program, base)
         options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
@@ -224,7 +231,7 @@ def judge_stacked(
                 options.append((HypothesisResult(h.kind, h.description, h.op, 0), interval))
         assert iv.pt is not None
         return judge_sets_stacked(output, reference_output, iv.lo, iv.hi, iv.pt, options, program.output_value.dtype,
-                                  sites)
+                                  sites, layout)
 
 
 def judge_sets(
@@ -262,12 +269,14 @@ def judge_sets_stacked(
     hypotheses: Sequence[tuple[Any, ...]],
     out_dtype: torch.dtype,
     sites: Sequence[str | None],
+    layout: Layout | None = None,
 ) -> list[Judgement]:
-    """:func:`judge_sets` of ``len(sites)`` records stacked along dimension 0 (equal shapes, ``judge_stacked``):
-    each record's judgement as if judged alone — its counts, its hypotheses (a hypothesis's set is computed once, for
-    every record, when one of them still has an unexplained element), its boundary, its largest error — from one pass
-    of ops over all of them."""
-    count = len(sites)
+    """:func:`judge_sets` of ``len(sites)`` records stacked along dimension 0 as ``layout`` says (default: equal
+    shapes; ``judge_stacked``): each record's judgement as if judged alone — its counts, its hypotheses (a
+    hypothesis's set is computed once, for every record, when one of them still has an unexplained element), its
+    boundary, its largest error — from one pass of ops over all of them."""
+    layout = layout or Layout.of(len(sites))
+    count = layout.count
     v = output.detach().to(device=lo.device, dtype=torch.float64)
     # each mask once (a judged record is bound by the number of ops it issues, not by elements)
     v_nan, pt_nan, set_nan = torch.isnan(v), torch.isnan(pt), torch.isnan(lo) | torch.isnan(hi)
@@ -279,15 +288,8 @@ def judge_sets_stacked(
         exact = in_set
     outside = ~in_set & ~nonfinite & ~exact
 
-    size = v.numel() // count
-    rows = len(v) // count if count > 1 else 0
-
-    def per_record(x: torch.Tensor) -> list[int]:  # one read of the device for all the records
-        return x.reshape(count, size).sum(1).tolist() if count > 1 else [int(x.sum())]
-
-    def part(x: torch.Tensor, k: int) -> torch.Tensor:  # record k's part of a value of them all
-        return x if count == 1 else x[k * rows:(k + 1) * rows]
-
+    per_record = layout.sums  # one read of the device for all the records
+    part = layout.part  # record k's part of a value of them all
     n_outside = per_record(outside)
     results: list[list[HypothesisResult]] = [[] for _ in range(count)]
     explained_any = torch.zeros_like(outside)
@@ -325,8 +327,8 @@ def judge_sets_stacked(
     verdicts.masked_fill_(in_set & ~exact, TIE)
     verdicts.masked_fill_(nonfinite & ~exact, NONFINITE)
     verdicts.masked_fill_(exact, EXACT)
-    codes = verdicts.reshape(count, size).long() + torch.arange(count, device=v.device).unsqueeze(1) * len(VERDICTS)
-    tally = torch.bincount(codes.flatten(), minlength=count * len(VERDICTS)).reshape(count, -1).tolist()
+    codes = layout.grouped(verdicts, len(VERDICTS)).flatten()
+    tally = torch.bincount(codes, minlength=(count + 1) * len(VERDICTS)).reshape(count + 1, -1)[:count].tolist()
 
     distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     if any(n_outside):
@@ -335,8 +337,7 @@ def judge_sets_stacked(
     distance = torch.where(nonfinite & ~exact, torch.full_like(distance, -1), distance)
     # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none
     errors = torch.where(verdicts == ERROR, distance, 0)
-    tops = (errors.reshape(count, size).amax(1).tolist() if count > 1 else [int(errors.max())]) \
-        if distance.numel() else [0] * count
+    tops = layout.maxima(errors) if distance.numel() else [0] * count
     lo_o, hi_o, pt_o = to_dtype(lo, out_dtype), to_dtype(hi, out_dtype), to_dtype(pt, out_dtype)
 
     judgements = []
@@ -391,14 +392,15 @@ def verdict_histogram(verdicts: torch.Tensor, output: torch.Tensor,
         ``{verdict: {bucket: count}}``; the counts of a verdict sum to its count in the judgement. None when the
         shapes differ or the reference's dtype has no ULP arithmetic (nothing to measure in).
     """
-    histograms = verdict_histograms(verdicts, output, reference_output, 1)
+    histograms = verdict_histograms(verdicts, output, reference_output, Layout.of(1))
     return None if histograms is None else histograms[0]
 
 
 def verdict_histograms(verdicts: torch.Tensor, output: torch.Tensor, reference_output: torch.Tensor,
-                       count: int) -> list[dict[str, dict[str, int]]] | None:
-    """:func:`verdict_histogram` of ``count`` records stacked along dimension 0 (equal shapes), one per record, from
-    one pass over them all (``judge_stacked``)."""
+                       layout: Layout) -> list[dict[str, dict[str, int]]] | None:
+    """:func:`verdict_histogram` of the records of ``layout`` stacked along dimension 0, one per record (the padding's
+    left out), from one pass over them all (``judge_stacked``)."""
+    count = layout.count
     if verdicts.shape != output.shape or output.shape != reference_output.shape \
             or reference_output.dtype not in FORMATS:
         return None
@@ -409,12 +411,8 @@ def verdict_histograms(verdicts: torch.Tensor, output: torch.Tensor, reference_o
     device = verdicts.device
     ref = reference_output.detach().to(device)
     cand = output.detach().to(device).to(reference_output.dtype)
-    groups = verdicts
-    if count > 1:
-        record = torch.arange(count, device=device, dtype=torch.uint8 if count * len(VERDICTS) < 256 else torch.int64)
-        groups = verdicts.reshape(count, -1).to(record.dtype) + (record * len(VERDICTS)).unsqueeze(1)
-        groups = groups.reshape(verdicts.shape)
-    per_verdict = grouped_histograms(ulp_distance(ref, cand), groups, count * len(VERDICTS))
+    groups = layout.grouped(verdicts, len(VERDICTS))
+    per_verdict = grouped_histograms(ulp_distance(ref, cand), groups, (count + 1) * len(VERDICTS))
     out = []
     for k in range(count):
         histogram = empty_verdict_histogram()

@@ -127,6 +127,21 @@ class Program:
     live: frozenset[int] = frozenset()
     memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def with_constants(self, replaced: dict[str, torch.Tensor]) -> Program:
+        """This program with the named constants' values replaced by tensors of their shapes and dtypes (the same ops:
+        its memo's results that depend on constants' values are not kept)."""
+        constants = dict(self.constants)
+        for name, t in replaced.items():
+            old = constants.get(name)
+            if old is None or old.shape != t.shape or old.dtype != t.dtype:
+                raise ValueError(f"constant {name!r} of {self.name or 'a program'} is "
+                                 f"{None if old is None else (tuple(old.shape), old.dtype)}, but got "
+                                 f"{(tuple(t.shape), t.dtype)}")
+            constants[name] = t
+        memo = {k: v for k, v in self.memo.items() if not (isinstance(k, tuple) and k[:1] == ("signature",))}
+        return Program(self.name, self.inputs, constants, self.values, self.ops, self.output, self.narrow_dtype,
+                       self.live, memo)
+
     # ------------------------------------------------------------------------------------------ queries
 
     @property

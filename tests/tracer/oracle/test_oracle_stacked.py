@@ -10,7 +10,7 @@ import torch
 from oracle_modules import make_gated_norm, make_qwen_norm
 from transformers.activations import ACT2FN
 from ulptrace.oracle import capture_semantics, judge, judge_stacked
-from ulptrace.oracle.intervals import MixedDecision
+from ulptrace.oracle.intervals import Layout, MixedDecision
 from ulptrace.oracle.judge import verdict_histogram, verdict_histograms
 from ulptrace.oracle.members import signature, stacks
 
@@ -72,7 +72,7 @@ def test_stacked_norm_records_are_judged_as_alone(count) -> None:
     if count >= 4:
         assert {"error", "nonfinite"} <= kinds
     histograms = verdict_histograms(torch.cat([j.verdicts for j in together]), torch.cat([r[1] for r in records]),
-                                    torch.cat([r[2] for r in records]), count)
+                                    torch.cat([r[2] for r in records]), Layout.of(count))
     assert histograms == [verdict_histogram(j.verdicts, r[1], r[2]) for j, r in zip(alone, records, strict=True)]
 
 
@@ -176,3 +176,129 @@ def test_a_value_the_records_share_is_decided_whole() -> None:
     together = judge_stacked(many, {"x": torch.cat([x1, x2])}, torch.cat(outs), torch.cat(outs), [None, None])
     for x, out, b in zip((x1, x2), outs, together, strict=True):
         _same(judge(one, {"x": x}, out, out), b)
+
+
+def test_records_of_different_lengths_stack_as_rows() -> None:
+    """Records of 3, 1 and 5 rows, each row a unit of the stack (its program captured for one row), padded to 16 rows
+    with copies of the first record's: each record's judgement is its own alone (its program captured for its own
+    shape), the padding is judged for none, and its verdict histograms are its own."""
+    norm = make_qwen_norm()
+    lengths = [3, 1, 5]
+    records = []
+    for k, n in enumerate(lengths):  # equal, a boundary, a boundary with errors
+        rec = _norm_records(norm, 3, rows=n)[k]
+        records.append(rec)
+    pad = 16 - sum(lengths)
+    first = records[0]
+    padding = [{"x": first[0]["x"].repeat(3, 1)[:pad]}, first[1].repeat(3, 1)[:pad], first[2].repeat(3, 1)[:pad]]
+    stacked = [_cat([r[0] for r in records] + [padding[0]]), torch.cat([r[1] for r in records] + [padding[1]]),
+               torch.cat([r[2] for r in records] + [padding[2]])]
+    unit = capture_semantics(lambda x: norm(x), {"x": first[0]["x"][:1]}, constant_names=norm, name="norm")
+    many = capture_semantics(lambda x: norm(x), stacked[0], constant_names=norm, name="norm")
+    assert stacks(unit, many, 16) and not stacks(unit, many, 9)
+    layout = Layout(lengths, 16)
+    together = judge_stacked(many, *stacked, ["a", "b", "c"], layout=layout)
+    assert [j.site for j in together] == ["a", "b", "c"]
+    alone = []
+    for (inputs, cand, ref), b in zip(records, together, strict=True):
+        own = capture_semantics(lambda x: norm(x), inputs, constant_names=norm, name="norm")
+        alone.append(judge(own, inputs, cand, ref))
+        _same(alone[-1], b)
+    assert [j.worst for j in alone] == ["exact", "boundary", "error"]  # the mix the records were made to have
+    histograms = verdict_histograms(torch.cat([j.verdicts for j in together]), torch.cat([r[1] for r in records]),
+                                    torch.cat([r[2] for r in records]), Layout(lengths))
+    assert histograms == [verdict_histogram(j.verdicts, r[1], r[2]) for j, r in zip(alone, records, strict=True)]
+
+
+def test_a_layout_decides_per_record_and_the_padding_with_the_first() -> None:
+    """Rows of an FP32-exact product beside rows of an inexact one: records of such rows decide by all their rows (a
+    record with one inexact row goes the inexact way, as alone), records that differ raise ``MixedDecision`` naming
+    each record's way, and padding copied from the first record never makes a stack mixed."""
+    def formula(x, y):
+        return (x * y).to(BF16)
+
+    torch.manual_seed(1)
+    short = {"x": torch.randn(4, 32).to(BF16).float(), "y": torch.randn(4, 32).to(BF16).float()}
+    long_ = {"x": torch.randn(4, 32), "y": torch.randn(4, 32)}
+    unit = capture_semantics(formula, {k: v[:1] for k, v in short.items()})
+
+    def run(inputs: dict[str, torch.Tensor], lengths: list[int], units: int):
+        many = capture_semantics(formula, inputs)
+        assert stacks(unit, many, units)
+        out = formula(**inputs)
+        return judge_stacked(many, inputs, out, out, [None] * len(lengths), layout=Layout(lengths, units))
+
+    # record 0: three short rows then one long row (inexact as a whole); record 1: four short rows
+    mixed0 = {k: torch.cat([short[k][:3], long_[k][:1]]) for k in short}
+    with pytest.raises(MixedDecision) as raised:
+        run(_cat([mixed0, short]), [4, 4], 8)
+    assert raised.value.equal == [False, True]
+    # padding copied from record 0's first (short) row decides with record 0, which goes the inexact way with record 1:
+    # not mixed, though the padding's rows alone would go the exact way
+    long2 = {k: v[:2] for k, v in long_.items()}
+    padded = _cat([mixed0, long2, {k: v[:1].repeat(2, 1) for k, v in mixed0.items()}])
+    together = run(padded, [4, 2], 8)
+    for inputs, judged in zip((mixed0, long2), together, strict=True):
+        _same(judge(capture_semantics(formula, inputs), inputs, formula(**inputs), formula(**inputs)), judged)
+    with pytest.raises(ValueError, match="at least one unit"):
+        Layout([2, 0], 4)
+    with pytest.raises(ValueError, match="at least one unit"):
+        Layout([3, 3], 4)
+
+
+def _weighted_norm(weight: torch.Tensor):
+    def formula(x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (h * (1.0 + weight.float())).to(BF16)
+    return formula
+
+
+def test_per_unit_parameters_stack_two_layers_norms() -> None:
+    """Two layers' norms with their own weights: captured with the weight per unit (dimension 0 of one, each unit's
+    own layer's values in the stack) they are one program (``signature`` leaves the per-unit values out), the stack is
+    theirs (``stacks`` checks what is made of the weight as it checks the inputs), and each record's judgement is the
+    one its own layer's program gives it alone."""
+    torch.manual_seed(2)
+    w_a, w_b = torch.randn(64) * 0.1, torch.randn(64) * 0.1
+    x_a, x_b = torch.randn(3, 64).to(BF16), (torch.randn(2, 64) * 3).to(BF16)
+    refs = [_weighted_norm(w)(x) for w, x in ((w_a, x_a), (w_b, x_b))]
+    cands = [r.clone() for r in refs]
+    cands[1][1, :4] = (cands[1][1, :4].float() * 1.5).to(BF16)  # errors in the second layer's record
+    per_unit = frozenset({"weight"})
+
+    def unit(w, x):
+        lifted = w.reshape(1, -1)
+        return capture_semantics(_weighted_norm(lifted), {"x": x[:1]}, constant_names={"weight": lifted})
+
+    one_a, one_b = unit(w_a, x_a), unit(w_b, x_b)
+    assert signature(one_a, per_unit) == signature(one_b, per_unit)
+    assert signature(one_a) != signature(one_b)
+    lifted = torch.cat([w_a.reshape(1, -1).expand(3, -1), w_b.reshape(1, -1).expand(2, -1),
+                        w_a.reshape(1, -1).expand(3, -1)])  # padded to 8 units with the first record's
+    x = torch.cat([x_a, x_b, x_a])
+    many = capture_semantics(_weighted_norm(lifted), {"x": x}, constant_names={"weight": lifted})
+    assert stacks(one_a, many, 8, per_unit)
+    assert not stacks(one_a, many, 8)  # without per-unit constants, a weight of another shape: not the program
+    outs, ref_outs = torch.cat([*cands, cands[0]]), torch.cat([*refs, refs[0]])
+    together = judge_stacked(many, {"x": x}, outs, ref_outs, ["a", "b"], layout=Layout([3, 2], 8), per_unit=per_unit)
+    for w, xx, cand, ref, judged in zip((w_a, w_b), (x_a, x_b), cands, refs, together, strict=True):
+        own = capture_semantics(_weighted_norm(w), {"x": xx}, constant_names={"weight": w})
+        _same(judge(own, {"x": xx}, cand, ref), judged)
+    assert together[0].worst == "exact" and together[1].worst == "error"
+    # a program with another layer's values: the same ops, its constant replaced (shapes and dtypes checked)
+    assert torch.equal(one_a.with_constants({"weight": one_b.constants["weight"]}).constants["weight"],
+                       one_b.constants["weight"])
+    with pytest.raises(ValueError, match="constant 'weight'"):
+        one_a.with_constants({"weight": torch.zeros(2, 64)})
+
+
+def test_a_formula_that_mixes_units_parameters_does_not_stack() -> None:
+    """A formula that reduces a per-unit parameter over dimension 0 would mix the layers' values: not the stack."""
+    def formula(weight):
+        return lambda x: (x.float() * weight.float().sum(0)).to(BF16)
+
+    w1, w8 = torch.randn(1, 16), torch.randn(8, 16)
+    one = capture_semantics(formula(w1), {"x": torch.randn(1, 16)}, constant_names={"weight": w1})
+    many = capture_semantics(formula(w8), {"x": torch.randn(8, 16)}, constant_names={"weight": w8})
+    assert not stacks(one, many, 8, frozenset({"weight"}))
