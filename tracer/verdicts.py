@@ -198,10 +198,15 @@ class OracleJudge:
         row-wise formula that uses its layer's vector parameters element by element (a norm's weight) is captured
         with them per unit (:meth:`_per_unit`), so one program judges it at every layer."""
         site = self.site(reference.site)
-        if site is None or site.kind not in STACKED_KINDS or self._whole(site):
+        if site is None or site.kind not in STACKED_KINDS:
             return None
         inputs = self._candidate_inputs(reference, candidate)
         if isinstance(inputs, str):
+            return None
+        formula = self._formulas[site.name]
+        if hasattr(formula, "judge"):
+            return self._stackable_whole(site, formula, reference, candidate, inputs)
+        if self._whole(site):
             return None
         cut = _units(site, reference, candidate, inputs)
         if cut is None:
@@ -226,6 +231,22 @@ class OracleJudge:
         key = (signature(program, per_unit), per_unit, shapes, tuple(cand.out.shape[1:]), cand.out.dtype,
                ref.out.dtype, ref.out.device)
         return _Part(key, site, ref, cand, inputs, exact_elsewhere, program, cand.out.shape[0], params)
+
+    def _stackable_whole(self, site: Site, formula: Any, reference: Record, candidate: Record,
+                         inputs: dict[str, torch.Tensor]) -> _Part | None:
+        """A pair of a construction with a bound of its own (the GatedDeltaNet scan) as a part of a stack: the whole
+        records, their batch items the units, where the semantics say records of equal shapes per batch item are
+        judged alike (``stack_key``) and the reference is not judged too."""
+        if self.judge_reference or not hasattr(formula, "stack_key"):
+            return None
+        tensors = [reference.out, candidate.out, *inputs.values()]
+        batch = reference.out.shape[0] if reference.out.dim() else 0
+        if not batch or any(t.dim() == 0 or t.shape[0] != batch for t in tensors):
+            return None
+        shapes = tuple((role, tuple(t.shape[1:]), t.dtype) for role, t in sorted(inputs.items()))
+        key = (formula.stack_key, shapes, tuple(candidate.out.shape[1:]), candidate.out.dtype, reference.out.dtype,
+               reference.out.device)
+        return _Part(key, site, reference, candidate, inputs, 0, formula, batch, {})
 
     def _per_unit(self, site: Site, unit: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The vector parameters of ``site``'s layer (named relative to it) in the rank of its units, dimension 0 of
@@ -252,6 +273,8 @@ class OracleJudge:
             return [None]
         first = parts[0]
         lengths = [p.units for p in parts]
+        if hasattr(first.program, "judge_stacked"):
+            return self._judged_whole(parts, Layout(lengths))
         layout = Layout(lengths, 1 << (sum(lengths) - 1).bit_length())  # a few shapes: each captured once
         pad = layout.units - sum(lengths)
 
@@ -295,6 +318,27 @@ class OracleJudge:
                             "explained": None if result.explained is None else float(result.explained),
                             "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram})
         return answers
+
+    def _judged_whole(self, parts: list[_Part], layout: Any) -> list[dict[str, Any] | None]:
+        """:meth:`_judged_stacked` of whole records of a construction (:meth:`_stackable_whole`), judged in one
+        evaluation with each record's own answer (``admissible_width`` over its own elements, as ``_judged``)."""
+        from ulptrace.oracle.judge import verdict_histograms
+        from ulptrace.ulp import ulp_distance
+
+        try:
+            inputs = {role: torch.cat([p.inputs[role] for p in parts]) for role in parts[0].inputs}
+            output = torch.cat([p.candidate.out for p in parts])
+            reference = torch.cat([p.reference.out for p in parts])
+            results = parts[0].program.judge_stacked(inputs, output, reference, layout, [p.site.name for p in parts],
+                                                     hypotheses=self.hypotheses)
+            histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output, reference, layout)
+        except (NotImplementedError, ValueError, TypeError, RuntimeError):
+            return [None] * len(parts)  # each judged alone: the same answers, or the reason one cannot be judged
+        return [{"verdicts": {v: int(result.counts.get(v, 0)) for v in VERDICTS}, "boundary": result.boundary,
+                 "explained": None if result.explained is None else float(result.explained),
+                 "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram,
+                 "admissible_width": float(ulp_distance(result.lo, result.hi).distance.double().median())}
+                for result, histogram in zip(results, histograms or [None] * len(parts), strict=True)]
 
     def without_replay(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
         """The answer for a pair that needs no replay of the semantics — a site without them, an oracle input missing,

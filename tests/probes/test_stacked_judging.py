@@ -52,7 +52,14 @@ def test_stacked_answers_are_each_pairs_own(fields) -> None:
             weights = {tuple(params[n].flatten().tolist()) for i, _ in norms[0] for n in params
                        if n.endswith(f"{pairs[i][0].site}.weight")}
             assert len(weights) > 1, "the stacked layers' norms have weights of their own"
+        scans = [r.site for r, _ in pairs if hasattr(judge.program(judge.site(r.site), r.inputs), "judge_stacked")]
+        if scans:  # the GatedDeltaNet scan's construction: whole records of every layer and step in a few stacks
+            stacked_scans = [s for s in stacked if pairs[s[0][0]][0].site in scans]
+            assert sum(len(s) for s in stacked_scans) > len(stacked_scans)
+            assert any(len({pairs[i][0].layer for i, _ in s}) > 1 for s in stacked_scans)
         together = judge.replayed_many(pairs)
+        assert [a.get("admissible_width") for a in together] == [a.get("admissible_width") for a in alone]
+        assert any(a.get("admissible_width") is not None for a in together) == bool(scans)
         assert together == alone
         verdict_totals = {v: sum(a["verdicts"][v] for a in alone) for v in alone[0]["verdicts"]}
         assert verdict_totals["tie"] + verdict_totals["boundary"] + verdict_totals["error"] > 0

@@ -57,7 +57,7 @@ import time when it is installed): it computes the mathematics itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,16 +383,36 @@ class DeltaRuleSemantics:
             relative = relative.quantile(SPREAD_QUANTILE, dim=-1, keepdim=True)
         return torch.maximum(relative * rms, change).expand_as(center)
 
+    @property
+    def stack_key(self) -> tuple:
+        """Equal for semantics that judge records alike: the scan is a function of its inputs alone (no parameters of
+        a layer) and treats each batch item alone, so records of any layer and step with inputs of equal shapes per
+        batch item can be judged stacked along dimension 0 (:meth:`judge_stacked`)."""
+        return ("delta_rule", self.output)
+
     def judge(self, inputs: Mapping[str, torch.Tensor], output: torch.Tensor,
               reference_output: torch.Tensor | None = None, *, hypotheses: bool = True) -> Any:
         """Per-element verdicts of ``output`` (a ``ulptrace.oracle.Judgement``)."""
-        from ulptrace.oracle.judge import HypothesisResult, judge_sets
+        return self.judge_stacked(inputs, output, reference_output, hypotheses=hypotheses)[0]
 
+    def judge_stacked(self, inputs: Mapping[str, torch.Tensor], output: torch.Tensor,
+                      reference_output: torch.Tensor | None = None, layout: Any = None,
+                      sites: Sequence[str | None] | None = None, *, hypotheses: bool = True) -> list[Any]:
+        """:meth:`judge` of the records of ``layout`` (``ulptrace.oracle.intervals.Layout``: their batch items
+        stacked along dimension 0 of every input and output; default one record), in one evaluation: each record's
+        judgement is the one :meth:`judge` gives it alone (every step of the scan, the bound and the spread of a
+        hypothesis treat each batch item alone)."""
+        from ulptrace.oracle.intervals import Layout
+        from ulptrace.oracle.judge import HypothesisResult, judge_sets_stacked
+
+        layout = layout or Layout.of(1)
         base = scan(inputs)
         center, bound = self._pick(base), self._bound(base)
         if tuple(output.shape) != tuple(center.shape):
             raise ValueError(f"{self.name or 'GatedDeltaNet scan'}: the {self.output} output must have shape "
                              f"{tuple(center.shape)} for these inputs, but got {tuple(output.shape)}")
+        if layout.units not in (1, center.shape[0]):
+            raise ValueError(f"a layout of {layout.units} batch items for outputs of {center.shape[0]}")
         dtype = self._dtype(inputs)
         lo, hi = _set(center, bound, dtype)
         options = []
@@ -403,7 +423,9 @@ class DeltaRuleSemantics:
                     rivals = tuple(o.kind for o in HYPOTHESES[:i] if o.stages and h.stages)
                     options.append((HypothesisResult(h.kind, h.description, None, 0),
                                     lambda h=h: self._hypothesis_set(h, inputs, bound, base), rivals))
-        return judge_sets(output, reference_output, lo, hi, _round(center, dtype), options, dtype, site=self.name)
+        names = list(sites) if sites is not None else [self.name] * layout.count
+        return judge_sets_stacked(output, reference_output, lo, hi, _round(center, dtype), options, dtype, names,
+                                  layout)
 
     def __str__(self) -> str:
         return (f"GatedDeltaNet scan, output {self.output!r}: float64 delta rule on the recorded q, k, v, g, beta "

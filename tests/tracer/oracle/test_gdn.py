@@ -251,3 +251,33 @@ def test_a_wrong_row_inside_a_named_chunked_design_is_still_an_error(data) -> No
     assert verdict.counts["error"] > 64, verdict.counts  # most of the token's 128 values
     assert {(int(t), int(h)) for _, t, h, _ in errors.tolist()} == {(20, 1)}
     assert verdict.boundary == NAME["tensor_core"]  # the rest is still the named design
+
+
+def test_scans_of_several_records_judged_stacked_are_each_judged_as_alone() -> None:
+    """Records of one to three batch items (their g from different layers' decays), one a BF16 state handed to the
+    cache (a boundary), one with a dropped beta (errors), judged in one evaluation of their batch items stacked
+    (``judge_stacked``): each record's judgement is the one ``judge`` gives it alone, bit for bit."""
+    from ulptrace.oracle.intervals import Layout
+
+    sem = DeltaRuleSemantics("state")
+    records = []
+    for k, b in enumerate((2, 1, 3)):
+        inputs = _inputs(b, 12, 2, 4, 32, 32, state=True, strong=k == 1, seed=k)
+        f = inputs
+        ref = delta_rule(f["query"], f["key"], f["value"], f["g"], f["beta"], f["state"])[1]
+        cand = [ref, ref.bfloat16().float(),
+                delta_rule(f["query"], f["key"], f["value"], f["g"], torch.ones_like(f["beta"]), f["state"])[1]][k]
+        records.append((inputs, cand, ref))
+    alone = [sem.judge(i, c, r) for i, c, r in records]
+    assert [a.worst for a in alone] in (["exact", "boundary", "error"], ["tie", "boundary", "error"])
+    stacked = {k: torch.cat([r[0][k] for r in records]) for k in records[0][0]}
+    together = sem.judge_stacked(stacked, torch.cat([r[1] for r in records]), torch.cat([r[2] for r in records]),
+                                 Layout([2, 1, 3]), ["a", "b", "c"])
+    for a, t in zip(alone, together, strict=True):
+        assert t.counts == a.counts and t.boundary == a.boundary and t.explained == a.explained
+        assert t.max_error_ulp == a.max_error_ulp
+        assert [(h.kind, h.explained) for h in t.hypotheses] == [(h.kind, h.explained) for h in a.hypotheses]
+        for name in ("verdicts", "lo", "hi"):
+            assert torch.equal(getattr(t, name), getattr(a, name)), name
+    with pytest.raises(ValueError, match="a layout of 4 batch items"):
+        sem.judge_stacked(stacked, torch.cat([r[1] for r in records]), None, Layout([2, 2]))
