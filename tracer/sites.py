@@ -27,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -371,15 +372,30 @@ def table_for(model: Any) -> Table | None:
 
 def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
     """The decoder layer list: the first ``ModuleList`` named ``layers``, else the longest
-    ``ModuleList`` of non-leaf blocks (``transformer.h``, ``blocks``)."""
+    ``ModuleList`` of non-leaf blocks (``transformer.h``, ``blocks``). Found once per model (a walk over every module;
+    a site's formula looks its layer up here), and found again if the list is no longer where it was found."""
+    found = _LAYERS.get(model) if isinstance(model, torch.nn.Module) else None
+    if found is not None:
+        path, layers = found
+        try:
+            if model.get_submodule(path) is layers and len(layers):
+                return layers
+        except AttributeError:
+            pass
     lists = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    for name, module in lists:
-        if name.split(".")[-1] == "layers":
-            return module
-    blocks = [m for _, m in lists if all(next(iter(b.children()), None) is not None for b in m)]
-    if blocks:
-        return max(blocks, key=len)
-    raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers; ulptrace cannot find its decoder")
+    picked = next(((name, m) for name, m in lists if name.split(".")[-1] == "layers"), None)
+    if picked is None:
+        blocks = [(name, m) for name, m in lists if all(next(iter(b.children()), None) is not None for b in m)]
+        if not blocks:
+            raise ValueError(f"{type(model).__name__} has no ModuleList of decoder layers; ulptrace cannot find its "
+                             "decoder")
+        picked = max(blocks, key=lambda nm: len(nm[1]))
+    if isinstance(model, torch.nn.Module):
+        _LAYERS[model] = picked
+    return picked[1]
+
+
+_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (path, its decoder layer list)
 
 
 def _path_of(model: Any, module: torch.nn.Module) -> str:

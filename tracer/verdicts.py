@@ -29,7 +29,7 @@ STRUCTURAL_INPUTS = ("attention_mask",)
 STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
 """Kinds whose records ``OracleJudge.replayed_many`` stacks along dimension 0: their semantics treat each batch item
 (and a row-wise kind each row) alone."""
-STACK_ELEMENTS = 1 << 20
+STACK_ELEMENTS = 1 << 22
 """Most output elements in one stack of records judged together (its replay holds some tens of float64 values of
 this size)."""
 STACK_RECORDS = 64
@@ -73,6 +73,7 @@ class OracleJudge:
         self.hypotheses = hypotheses
         self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)
         self._programs: dict[tuple, Any] = {}
+        self._vectors: dict[tuple, dict[str, torch.Tensor]] = {}  # (layer, rank) -> its vector parameters per unit
         self._layers: Any = None
         param = next(reference_model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")
@@ -255,10 +256,14 @@ class OracleJudge:
         if site.layer is None or site.kind not in ROW_WISE_KINDS or self.shards or not unit:
             return {}
         rank = max(t.dim() for t in unit.values())
-        scope = self._scope(site)
-        named = [*scope.named_parameters(), *scope.named_buffers()]
-        return {name: t.detach().reshape(*(1,) * (rank - 1), -1) for name, t in named
-                if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES and rank > 1}
+        key = (site.layer, rank)
+        if key not in self._vectors:  # once per layer and rank
+            scope = self._scope(site)
+            named = [*scope.named_parameters(), *scope.named_buffers()]
+            self._vectors[key] = {name: t.detach().reshape(*(1,) * (rank - 1), -1) for name, t in named
+                                  if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES
+                                  and rank > 1}
+        return self._vectors[key]
 
     def _judged_stacked(self, parts: list[_Part]) -> list[dict[str, Any] | None]:
         """The answers of parts with one key judged in one replay; None for a part to judge alone. Parts whose

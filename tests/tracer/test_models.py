@@ -111,3 +111,18 @@ def test_local_checkpoint_directory_loads(tmp_path) -> None:
     loaded = build_model(str(tmp_path / "ckpt"))
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.equal(model(ids).logits, loaded(ids).logits)
+
+
+def test_decoder_layers_found_once_and_again_when_the_list_is_replaced() -> None:
+    """``ulptrace.sites.decoder_layers`` remembers where a model's layer list is (a site's formula looks its layer up
+    there for every site), and finds the list again when a path puts another one in its place."""
+    from ulptrace.sites import decoder_layers
+
+    model = build_model("tiny-llama")
+    layers = decoder_layers(model)
+    assert layers is model.model.layers and len(layers) == model.config.num_hidden_layers
+    assert decoder_layers(model) is layers
+    model.model.layers = torch.nn.ModuleList(list(layers)[:1])
+    assert decoder_layers(model) is model.model.layers and len(decoder_layers(model)) == 1
+    with pytest.raises(ValueError, match="no ModuleList of decoder layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
