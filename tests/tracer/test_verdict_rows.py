@@ -8,6 +8,7 @@ import torch
 from ulptrace import verdicts
 from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig
+from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS
 
 
 @pytest.mark.parametrize("model, candidate", [
@@ -18,27 +19,32 @@ from ulptrace.run import RunConfig
 def test_judging_the_differing_parts_gives_the_figures_of_the_whole_record(model, candidate, monkeypatch) -> None:
     """Every record of an onset with the oracle — a fault that leaves most rows equal, a fused path whose rows
     differ in places — judged on its differing rows and judged whole: the same report, field for field, and the
-    rows path was taken (records cut to their rows, left-out elements counted exact)."""
+    rows path was taken (records cut to their rows, left-out elements counted exact), both where a record is judged
+    alone (``_differing_parts``) and where records are stacked by units (``_units``)."""
     cfg = RunConfig(model=model, candidate=candidate, prompts=2, prompt_len=16, new_tokens=3)
-    real = verdicts._differing_parts
     cut = []
 
-    def counting(site, reference, candidate):
-        got = real(site, reference, candidate)
-        if got is not None:
-            cut.append((site.kind, reference.out.shape[:-1].numel(), got[0].out.shape[:-1].numel()))
-        return got
+    def counting(real):
+        def cutting(site, reference, *rest):
+            got = real(site, reference, *rest)
+            if got is not None:
+                kept = got[0].out.shape[0] if real is verdicts._units and site.kind in ROW_WISE_KINDS \
+                    else got[0].out.shape[:-1].numel()
+                cut.append((site.kind, reference.out.shape[:-1].numel(), kept))
+            return got
+        return cutting
 
-    monkeypatch.setattr(verdicts, "_differing_parts", counting)
+    for name in ("_differing_parts", "_units"):
+        monkeypatch.setattr(verdicts, name, counting(getattr(verdicts, name)))
     rows, _ = run_onset(cfg)
-    monkeypatch.setattr(verdicts, "_differing_parts", lambda *a: None)
+    for name in ("_differing_parts", "_units"):  # every record judged alone and whole
+        monkeypatch.setattr(verdicts, name, lambda *a: None)
     whole, _ = run_onset(cfg)
-    assert cut and all(kept < total for _, total, kept in cut), cut
+    assert cut and all(kept <= total for _, total, kept in cut), cut
+    fewer = {kind for kind, total, kept in cut if kept < total}
+    assert fewer, cut
     if candidate.startswith("fault"):  # one prompt's rows differ: both kinds of cut are taken
-        from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS
-
-        kinds = {kind for kind, _, _ in cut}
-        assert kinds & set(ROW_WISE_KINDS) and kinds & set(BATCH_WISE_KINDS), kinds
+        assert fewer & set(ROW_WISE_KINDS) and fewer & set(BATCH_WISE_KINDS), fewer
     assert rows.to_json() == whole.to_json()
     judged = [s for s in rows.sites if s.verdicts]
     assert judged and sum(s.verdicts["exact"] + s.verdicts["tie"] + s.verdicts["boundary"] + s.verdicts["error"]
