@@ -35,6 +35,8 @@ from ulptrace.run import (
 )
 from ulptrace.trace import LazyTrace, TraceWriter
 
+JUDGING = "oracle judging the held record pairs"  # the progress bar's phase after the candidate's run
+
 
 def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
               progress: Callable[[str], None] | None = None, bar: Progress | None = None
@@ -125,7 +127,8 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
         judge = _oracle(cfg, ref_model, pool)
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
-            sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True)
+            sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True,
+                                       judging=bar.counter(JUDGING, "stack"))
             cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink, ref_tokens,
                                                              cand_applied, bar,
                                                              f"candidate {cfg.candidate}, compared as it runs")
@@ -159,7 +162,8 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
             judge = _oracle(cfg, ref_model, pool)
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
-            sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True)
+            sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True,
+                                       judging=bar.counter(JUDGING, "stack"))
             cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink,
                                                              remote.trace.forced_token, cand_applied, bar,
                                                              f"candidate {cfg.candidate}, compared as both run")

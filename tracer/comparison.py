@@ -31,7 +31,7 @@ by thousands of its own ULPs when its inputs move by one, which is nothing for i
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -548,7 +548,9 @@ class StreamingComparator:
     are copies nothing writes to, as a batch requires). A recorder hands it values of ``live_bytes`` or more
     uncopied (``ulptrace.record.Sink.live_bytes``): a record holding one has its statistics launched before ``add``
     returns, so they read the value as it was observed — a long prompt's logits are compared where the model left
-    them, never copied.
+    them, never copied. ``judging(done, total)`` follows the judging of the pairs an ``OracleJudge`` holds (stacks
+    judged: ``OracleJudge.replayed_many``), which happens when the statistics are read (``finish``) — a progress bar's
+    phase of its own (``ulptrace.progress.Progress.counter``).
     """
 
     # each read-back waits for the device (the run loses its lead over the GPU): fewer of them. On the H200 (8 x 128,
@@ -559,11 +561,12 @@ class StreamingComparator:
     live_bytes = LIVE_BYTES
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
-                 metadata: dict[str, Any] | None = None, release: bool = False) -> None:
+                 metadata: dict[str, Any] | None = None, release: bool = False,
+                 judging: Callable[[int, int], None] | None = None) -> None:
         self.reference = reference
         # a judge that can hold pairs and judge them together (OracleJudge.queued: the replays of one program shared)
-        # is used so; its answers are read in finish_diffs
-        self.judge = judge.queued() if callable(getattr(judge, "queued", None)) else judge
+        # is used so; its answers are read in finish_diffs, and judging(done, total) follows its stacks
+        self.judge = judge.queued(progress=judging) if callable(getattr(judge, "queued", None)) else judge
         self.release = release and hasattr(reference, "pop")  # free each reference record once compared
         # a reference that streams in (ulptrace.concurrent.RemoteTrace) knows its keys once it has finished
         self._keys = list(reference.keys()) if self.release and not getattr(reference, "streaming", False) \

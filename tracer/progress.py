@@ -45,14 +45,15 @@ class Progress:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = bar_enabled(self.stream) if enabled is None else enabled
         self.width, self.interval = width, interval
-        self.label, self.steps, self.sites = "", 0, 0
+        self.label, self.steps, self.sites, self.unit = "", 0, 0, "step"
         self._start = self._last = self._after_prefill = 0.0
         self._drawn = False
 
-    def start(self, label: str, steps: int, sites: int | None = None) -> None:
-        """A new phase (e.g. recording the reference) of ``steps`` steps recording ``sites`` sites each."""
+    def start(self, label: str, steps: int, sites: int | None = None, unit: str = "step") -> None:
+        """A new phase (e.g. recording the reference) of ``steps`` steps recording ``sites`` sites each; ``unit``
+        names what is counted (the oracle's judging of held record pairs counts stacks: :meth:`counter`)."""
         self.close()
-        self.label, self.steps, self.sites = label, max(int(steps), 1), sites
+        self.label, self.steps, self.sites, self.unit = label, max(int(steps), 1), sites, unit
         self._start = self._last = self.clock()
         self._after_prefill = 0.0
         self._draw(0, force=True)
@@ -69,12 +70,12 @@ class Progress:
         done = min(max(done, 0), self.steps)
         elapsed = now - self._start
         filled = round(self.width * done / self.steps)
-        text = f"[ulptrace] {self.label} [{'#' * filled}{'.' * (self.width - filled)}] step {done}/{self.steps}"
+        text = f"[ulptrace] {self.label} [{'#' * filled}{'.' * (self.width - filled)}] {self.unit} {done}/{self.steps}"
         if self.sites:
             text += f", {self.sites} sites each"
         text += f", {_clock(elapsed)}"
         if 0 < done < self.steps:
-            if done >= 2 and self._after_prefill:  # decode steps alike: their mean, the prefill left out
+            if self.unit == "step" and done >= 2 and self._after_prefill:  # decode steps alike: the prefill left out
                 per = (now - self._after_prefill) / (done - 1)
             else:
                 per = elapsed / done
@@ -91,6 +92,18 @@ class Progress:
         self.stream.write("\r" + self.line(done, now) + "\x1b[K")
         self.stream.flush()
         self._drawn = True
+
+    def counter(self, label: str, unit: str) -> Callable[[int, int], None]:
+        """A ``(done, total)`` callback that draws a phase of its own (``label``, counting ``unit``) from its first
+        call, and closes it at its last."""
+        def report(done: int, total: int) -> None:
+            if done == 0 or self.label != label:
+                self.start(label, total, unit=unit)
+            self.step(done)
+            if done >= total:
+                self.close()
+                self.label = ""
+        return report
 
     def close(self) -> None:
         """End the current line (if one was drawn)."""

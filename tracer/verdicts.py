@@ -74,6 +74,7 @@ class OracleJudge:
         self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)
         self._programs: dict[tuple, Any] = {}
         self._vectors: dict[tuple, dict[str, torch.Tensor]] = {}  # (layer, rank) -> its vector parameters per unit
+        self._names: dict[int | None, dict[str, torch.Tensor]] = {}  # layer (None: the model) -> its tensors, named
         self._layers: Any = None
         param = next(reference_model.parameters(), None)
         self.device = param.device if param is not None else torch.device("cpu")
@@ -101,7 +102,8 @@ class OracleJudge:
             try:
                 with _swapped(scope, swapped):
                     self._programs[key] = capture_semantics(self._formulas[site.name], inputs,
-                                                            constant_names=scope, name=site.name)
+                                                            constant_names={**self._named(site), **swapped},
+                                                            name=site.name)
             except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
                 if not swapped:
                     raise
@@ -141,16 +143,23 @@ class OracleJudge:
             # the parts alone could not be judged (a formula that wants the record's own shape): the whole record is
         return self._judged(site, reference, candidate, same)
 
-    def replayed_many(self, pairs: Sequence[tuple[Record, Record]]) -> list[dict[str, Any]]:
+    def replayed_many(self, pairs: Sequence[tuple[Record, Record]],
+                      progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
         """:meth:`replayed` of each pair, in order, where pairs judged by the same program are replayed together
         (:meth:`stacks`): each answer is the one :meth:`replayed` gives (tested); a stack that cannot be judged as
-        one (an op that fails) is judged record by record."""
+        one (an op that fails) is judged record by record. ``progress(done, total)`` is called with the stacks judged
+        (0 before the first)."""
         answers: list[dict[str, Any] | None] = [None] * len(pairs)
-        for stack in self.stacks(pairs):
+        plan = self.stacks(pairs)
+        if progress is not None and plan:
+            progress(0, len(plan))
+        for done, stack in enumerate(plan, 1):
             parts = [part for _, part in stack]
             judged = self._judged_stacked(parts) if len(parts) > 1 else [None]  # type: ignore[arg-type]
             for (index, _), answer in zip(stack, judged, strict=True):
                 answers[index] = answer if answer is not None else self.replayed(*pairs[index])
+            if progress is not None:
+                progress(done, len(plan))
         return answers  # type: ignore[return-value]
 
     def stacks(self, pairs: Sequence[tuple[Record, Record]]) -> list[list[tuple[int, _Part | None]]]:
@@ -182,9 +191,11 @@ class OracleJudge:
             stacks.append(stack)
         return stacks
 
-    def queued(self, queue_bytes: int = QUEUE_BYTES) -> QueuedJudge:
-        """This judge as a ``SiteJudge`` that judges the pairs it is handed together (:class:`QueuedJudge`)."""
-        return QueuedJudge(self, queue_bytes)
+    def queued(self, queue_bytes: int = QUEUE_BYTES, progress: Callable[[int, int], None] | None = None
+               ) -> QueuedJudge:
+        """This judge as a ``SiteJudge`` that judges the pairs it is handed together (:class:`QueuedJudge`;
+        ``progress`` as :meth:`replayed_many`'s)."""
+        return QueuedJudge(self, queue_bytes, progress)
 
     def _whole(self, site: Site) -> bool:
         """Whether ``site``'s records are judged whole, not on their differing parts: with the reference judged too,
@@ -258,12 +269,18 @@ class OracleJudge:
         rank = max(t.dim() for t in unit.values())
         key = (site.layer, rank)
         if key not in self._vectors:  # once per layer and rank
-            scope = self._scope(site)
-            named = [*scope.named_parameters(), *scope.named_buffers()]
-            self._vectors[key] = {name: t.detach().reshape(*(1,) * (rank - 1), -1) for name, t in named
+            self._vectors[key] = {name: t.reshape(*(1,) * (rank - 1), -1) for name, t in self._named(site).items()
                                   if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES
                                   and rank > 1}
         return self._vectors[key]
+
+    def _named(self, site: Site) -> dict[str, torch.Tensor]:
+        """The parameters and buffers of ``site``'s scope (:meth:`_scope`), named relative to it: the names its
+        programs give their constants (found once per scope, not at every capture)."""
+        if site.layer not in self._names:
+            scope = self._scope(site)
+            self._names[site.layer] = {n: t.detach() for n, t in [*scope.named_parameters(), *scope.named_buffers()]}
+        return self._names[site.layer]
 
     def _judged_stacked(self, parts: list[_Part]) -> list[dict[str, Any] | None]:
         """The answers of parts with one key judged in one replay; None for a part to judge alone. Parts whose
@@ -452,9 +469,11 @@ class QueuedJudge:
     comes (tested). A record of ``ulptrace.record.LIVE_BYTES`` or more (it may be the model's own value, valid only
     while the recorder hands it over) is judged at once."""
 
-    def __init__(self, judge: OracleJudge, queue_bytes: int = 0) -> None:
+    def __init__(self, judge: OracleJudge, queue_bytes: int = 0,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         self.judge = judge
         self.queue_bytes = queue_bytes or QUEUE_BYTES
+        self.progress = progress  # (stacks judged, stacks) while the held pairs are judged
         self._pairs: list[tuple[Record, Record]] = []
         self._indices: list[int] = []
         self._bytes = 0
@@ -483,7 +502,7 @@ class QueuedJudge:
         """Judge every pair held."""
         pairs, indices = self._pairs, self._indices
         self._pairs, self._indices, self._bytes = [], [], 0
-        self._answers.update(zip(indices, self.judge.replayed_many(pairs), strict=True))
+        self._answers.update(zip(indices, self.judge.replayed_many(pairs, self.progress), strict=True))
 
     def result(self, index: int) -> dict[str, Any]:
         if index not in self._answers:

@@ -56,3 +56,34 @@ def test_onset_quiet_silences_progress(quiet, capsys) -> None:
     assert main(args + (["--quiet"] if quiet else [])) == 0
     err = capsys.readouterr().err
     assert ("[ulptrace]" in err) is not quiet
+
+
+def test_a_counter_draws_a_phase_of_its_own_and_closes_it() -> None:
+    now = [0.0]
+    bar = Progress(Terminal(), enabled=True, width=4, clock=lambda: now[0])
+    report = bar.counter("judging", "stack")
+    report(0, 4)
+    assert bar.line(0) == "[ulptrace] judging [....] stack 0/4, 0 s"
+    now[0] = 3.0
+    report(1, 4)  # the mean of all stacks so far (no prefill to leave out)
+    assert bar.line(1) == "[ulptrace] judging [#...] stack 1/4, 3 s, about 9 s left"
+    report(4, 4)
+    assert bar.stream.getvalue().endswith("stack 4/4, 3 s\x1b[K\n")  # closed at its last
+
+
+def test_an_onset_with_the_oracle_shows_the_judging_of_the_held_pairs(monkeypatch) -> None:
+    """The pairs the oracle holds are judged after the candidate's run: the bar shows that phase, stack by stack, to
+    its end (none without the oracle)."""
+    from ulptrace.probes.onset import JUDGING, run_onset
+    from ulptrace.run import RunConfig
+
+    cfg = RunConfig(model="tiny-qwen3.5", candidate="kernels:fused", prompts=1, prompt_len=8, new_tokens=2)
+    for oracle in (True, False):
+        bar = Progress(Terminal(), enabled=True)
+        run_onset(RunConfig(**{**cfg.__dict__, "oracle": oracle}), bar=bar)
+        lines = [line for line in bar.stream.getvalue().split("\r") if line.startswith(f"[ulptrace] {JUDGING}")]
+        if not oracle:
+            assert not lines
+            continue
+        total = int(lines[-1].split(" stack ")[1].split("/")[1].split(",")[0])
+        assert total > 1 and lines[-1].split(" stack ")[1].startswith(f"{total}/{total}")
