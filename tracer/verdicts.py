@@ -110,7 +110,7 @@ class OracleJudge:
                 self._programs[key] = exc  # a formula that cannot take them so: not asked again
         program = self._programs[key]
         if isinstance(program, Exception):
-            raise program
+            raise program.with_traceback(None)  # raised again for each record: no traceback piling up
         used = {n: t for n, t in swapped.items() if n in program.constants}
         return program.with_constants(used) if used else program
 
