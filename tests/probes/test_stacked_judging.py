@@ -97,3 +97,26 @@ def test_stacked_answers_on_the_gpu_are_each_pairs_own(fields, cuda_kernels) -> 
         judge, pairs = _pairs({**fields, "device": "cuda"}, stack)
         assert any(len(s) > 1 for s in judge.stacks(pairs))
         assert judge.replayed_many(pairs) == [judge.replayed(r, c) for r, c in pairs]
+
+
+@pytest.mark.parametrize("bad", ["fails", "wrong_rank"])
+def test_a_formula_that_cannot_take_its_parameters_per_unit_is_stacked_without(bad, monkeypatch) -> None:
+    """Per-unit parameters that make the capture fail (shapes that do not broadcast) or change the output's shape:
+    the unit's program is captured with the layer's own parameters instead, its records stacked by site only, and
+    every answer is still the one judging it alone gives."""
+    real = OracleJudge._per_unit
+
+    def broken(self, site, unit):
+        vectors = real(self, site, unit)
+        if bad == "fails":
+            return {n: t.reshape(-1)[:3].reshape(*t.shape[:-1], 3) for n, t in vectors.items()}
+        return {n: t.reshape(1, *t.shape) for n, t in vectors.items()}
+
+    monkeypatch.setattr(OracleJudge, "_per_unit", broken)
+    with ExitStack() as stack:
+        judge, pairs = _pairs(RUNS[0].values[0], stack)
+        alone = [judge.replayed(r, c) for r, c in pairs]
+        plan = [s for s in judge.stacks(pairs) if len(s) > 1]
+        norms = [s for s in plan if {pairs[i][0].kind for i, _ in s} == {"norm"}]
+        assert norms and all(len({pairs[i][0].site for i, _ in s}) == 1 for s in norms), "one layer's norm a stack"
+        assert judge.replayed_many(pairs) == alone
