@@ -120,3 +120,24 @@ def test_a_formula_that_cannot_take_its_parameters_per_unit_is_stacked_without(b
         norms = [s for s in plan if {pairs[i][0].kind for i, _ in s} == {"norm"}]
         assert norms and all(len({pairs[i][0].site for i, _ in s}) == 1 for s in norms), "one layer's norm a stack"
         assert judge.replayed_many(pairs) == alone
+
+
+MORE_RUNS = [("tiny-qwen3.5", "kernels:faithful"), ("tiny-qwen3.5", "fault:layers.0.mlp.glu@2+2"),
+             ("tiny-qwen3.5", "fault:layers.2.linear_attn.norm@0+1"), ("tiny-qwen3.5", "fault:layers.3.self_attn.core@1+4"),
+             ("tiny-llama", "kernels:fused"), ("tiny-llama", "fault:layers.0.input_layernorm@0+2"),
+             ("tiny-llama", "fault:layers.1.self_attn.core@2+1")]
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (3, 9)], ids=["2x16", "3x9"])
+@pytest.mark.parametrize(("model", "candidate"), MORE_RUNS, ids=[f"{m}-{c}" for m, c in MORE_RUNS])
+def test_stacked_answers_are_each_pairs_own_on_more_runs(model, candidate, shape) -> None:
+    """Both families, other paths and single-element faults at a GLU, a gated norm, attention cores and a norm, an odd
+    batch and prompt length: every pair's answer stacked is the one it gets alone."""
+    fields = {"model": model, "candidate": candidate, "prompts": shape[0], "prompt_len": shape[1], "new_tokens": 4}
+    with ExitStack() as stack:
+        ref, cand, ref_model, _ = record_pair(RunConfig(**fields), stack)
+        judge = OracleJudge(ref_model)
+        pairs = [(r, cand.get(r.key)) for r in ref]
+        pairs = [(r, c) for r, c in pairs if c is not None and judge.without_replay(r, c) is None]
+        assert pairs
+        assert judge.replayed_many(pairs) == [judge.replayed(r, c) for r, c in pairs]
