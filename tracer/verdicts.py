@@ -101,17 +101,18 @@ class OracleJudge:
             scope = self._scope(site)
             try:
                 with _swapped(scope, swapped):
-                    self._programs[key] = capture_semantics(self._formulas[site.name], inputs,
-                                                            constant_names={**self._named(site), **swapped},
-                                                            name=site.name)
+                    captured = capture_semantics(self._formulas[site.name], inputs,
+                                                 constant_names={**self._named(site), **swapped}, name=site.name)
+                self._programs[key] = (captured, swapped)
             except (NotImplementedError, ValueError, TypeError, RuntimeError) as exc:
                 if not swapped:
                     raise
-                self._programs[key] = exc  # a formula that cannot take them so: not asked again
-        program = self._programs[key]
+                self._programs[key] = (exc, swapped)  # a formula that cannot take them so: not asked again
+        program, captured_with = self._programs[key]
         if isinstance(program, Exception):
             raise program.with_traceback(None)  # raised again for each record: no traceback piling up
-        used = {n: t for n, t in swapped.items() if n in program.constants}
+        # the values it was captured with (a unit's own layer's, each time: one program, its memo kept) or others
+        used = {n: t for n, t in swapped.items() if n in program.constants and t is not captured_with[n]}
         return program.with_constants(used) if used else program
 
     def __call__(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
@@ -267,11 +268,12 @@ class OracleJudge:
         if site.layer is None or site.kind not in ROW_WISE_KINDS or self.shards or not unit:
             return {}
         rank = max(t.dim() for t in unit.values())
+        if rank < 2:
+            return {}
         key = (site.layer, rank)
         if key not in self._vectors:  # once per layer and rank
             self._vectors[key] = {name: t.reshape(*(1,) * (rank - 1), -1) for name, t in self._named(site).items()
-                                  if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES
-                                  and rank > 1}
+                                  if t.dim() == 1 and t.is_floating_point() and t.nbytes <= _PER_UNIT_BYTES}
         return self._vectors[key]
 
     def _named(self, site: Site) -> dict[str, torch.Tensor]:
@@ -295,9 +297,8 @@ class OracleJudge:
             return [None]
         first = parts[0]
         lengths = [p.units for p in parts]
-        if hasattr(first.program, "judge_stacked"):
-            return self._judged_whole(parts, Layout(lengths))
-        layout = Layout(lengths, 1 << (sum(lengths) - 1).bit_length())  # a few shapes: each captured once
+        construction = hasattr(first.program, "judge_stacked")  # evaluated on the records as they are: no padding
+        layout = Layout(lengths, None if construction else 1 << (sum(lengths) - 1).bit_length())  # a few shapes
         pad = layout.units - sum(lengths)
 
         def stacked(values: list[torch.Tensor]) -> torch.Tensor:  # the padding: copies of the first record's units
@@ -307,17 +308,22 @@ class OracleJudge:
 
         per_unit = frozenset(first.params)
         try:
-            params = {n: stacked([p.params[n].expand(p.units, *p.params[n].shape[1:]) for p in parts])
-                      for n in per_unit}
-            program = self.program(first.site, {role: stacked([p.reference.inputs[role] for p in parts])
-                                                for role in first.reference.inputs}, params)
-            if not stacks(first.program, program, layout.units, per_unit):
-                return [None] * count
             inputs = {role: stacked([p.inputs[role] for p in parts]) for role in first.inputs}
             output = stacked([p.candidate.out for p in parts])
             reference = stacked([p.reference.out for p in parts])
-            results = judge_stacked(program, inputs, output, reference, [p.site.name for p in parts], layout=layout,
-                                    per_unit=per_unit, hypotheses=self.hypotheses, shards=self._shards(first.site))
+            sites = [p.site.name for p in parts]
+            if construction:
+                results = first.program.judge_stacked(inputs, output, reference, layout, sites,
+                                                      hypotheses=self.hypotheses)
+            else:
+                params = {n: stacked([p.params[n].expand(p.units, *p.params[n].shape[1:]) for p in parts])
+                          for n in per_unit}
+                program = self.program(first.site, {role: stacked([p.reference.inputs[role] for p in parts])
+                                                    for role in first.reference.inputs}, params)
+                if not stacks(first.program, program, layout.units, per_unit):
+                    return [None] * count
+                results = judge_stacked(program, inputs, output, reference, sites, layout=layout, per_unit=per_unit,
+                                        hypotheses=self.hypotheses, shards=self._shards(first.site))
             real = layout.offsets[-1] * (output.shape[0] // layout.units)
             histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output[:real], reference[:real],
                                             Layout(lengths))
@@ -332,35 +338,8 @@ class OracleJudge:
             return answers
         except (NotImplementedError, ValueError, TypeError, RuntimeError):
             return [None] * count  # each judged alone: the same answers, or the reason one of them cannot be judged
-        answers = []
-        for part, result, histogram in zip(parts, results, histograms or [None] * count, strict=True):
-            verdicts = {v: int(result.counts.get(v, 0)) for v in VERDICTS}
-            verdicts["exact"] += part.exact_elsewhere
-            answers.append({"verdicts": verdicts, "boundary": result.boundary,
-                            "explained": None if result.explained is None else float(result.explained),
-                            "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram})
-        return answers
-
-    def _judged_whole(self, parts: list[_Part], layout: Any) -> list[dict[str, Any] | None]:
-        """:meth:`_judged_stacked` of whole records of a construction (:meth:`_stackable_whole`), judged in one
-        evaluation with each record's own answer (``admissible_width`` over its own elements, as ``_judged``)."""
-        from ulptrace.oracle.judge import verdict_histograms
-        from ulptrace.ulp import ulp_distance
-
-        try:
-            inputs = {role: torch.cat([p.inputs[role] for p in parts]) for role in parts[0].inputs}
-            output = torch.cat([p.candidate.out for p in parts])
-            reference = torch.cat([p.reference.out for p in parts])
-            results = parts[0].program.judge_stacked(inputs, output, reference, layout, [p.site.name for p in parts],
-                                                     hypotheses=self.hypotheses)
-            histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output, reference, layout)
-        except (NotImplementedError, ValueError, TypeError, RuntimeError):
-            return [None] * len(parts)  # each judged alone: the same answers, or the reason one cannot be judged
-        return [{"verdicts": {v: int(result.counts.get(v, 0)) for v in VERDICTS}, "boundary": result.boundary,
-                 "explained": None if result.explained is None else float(result.explained),
-                 "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram,
-                 "admissible_width": float(ulp_distance(result.lo, result.hi).distance.double().median())}
-                for result, histogram in zip(results, histograms or [None] * len(parts), strict=True)]
+        return [_answer(result, histogram, part.exact_elsewhere, width=construction)
+                for part, result, histogram in zip(parts, results, histograms or [None] * count, strict=True)]
 
     def without_replay(self, reference: Record, candidate: Record) -> dict[str, Any] | None:
         """The answer for a pair that needs no replay of the semantics — a site without them, an oracle input missing,
@@ -405,18 +384,10 @@ class OracleJudge:
             why = f"{type(exc).__name__}: {exc}"
             out.update(verdicts=None, could_not_judge=why, note=f"oracle could not judge {reference.site}: {why}")
             return out
-        out.update(
-            verdicts={v: int(result.counts.get(v, 0)) for v in VERDICTS},
-            boundary=result.boundary,
-            explained=None if result.explained is None else float(result.explained),
-            max_error_ulp=result.max_error_ulp,
-            # ULPs from the reference per verdict, measured on the differing elements only
-            verdict_histogram=verdict_histogram(result.verdicts, candidate.out, reference.out),
-        )
-        if hasattr(program, "judge"):  # a construction with a bound of its own: say how sharp it is
-            from ulptrace.ulp import ulp_distance
-
-            out["admissible_width"] = float(ulp_distance(result.lo, result.hi).distance.double().median())
+        # ULPs from the reference per verdict, measured on the differing elements only; a construction with a bound of
+        # its own says how sharp it is
+        out.update(_answer(result, verdict_histogram(result.verdicts, candidate.out, reference.out),
+                           width=hasattr(program, "judge")))
         return out
 
     def _shards(self, site: Site) -> tuple[Any, ...]:
@@ -563,6 +534,22 @@ def stack_hint(record: Record) -> tuple:
     ``OracleJudge.stacks`` decides."""
     unit = record.out.shape[-1:] if record.kind in ROW_WISE_KINDS else record.out.shape[1:]
     return (_DIGITS.sub("#", record.site), tuple(unit), str(record.out.dtype), record.site, record.step)
+
+
+def _answer(result: Any, histogram: Any, exact_elsewhere: int = 0, width: bool = False) -> dict[str, Any]:
+    """A pair's answer from its ``ulptrace.oracle.Judgement``: verdict counts (``exact_elsewhere`` elements left out
+    of the judged part counted exact), boundary, share explained, largest error, verdict histogram, and with
+    ``width`` the admissible set's median width in ULPs (a construction with a bound of its own)."""
+    verdicts = {v: int(result.counts.get(v, 0)) for v in VERDICTS}
+    verdicts["exact"] += exact_elsewhere
+    out = {"verdicts": verdicts, "boundary": result.boundary,
+           "explained": None if result.explained is None else float(result.explained),
+           "max_error_ulp": result.max_error_ulp, "verdict_histogram": histogram}
+    if width:
+        from ulptrace.ulp import ulp_distance
+
+        out["admissible_width"] = float(ulp_distance(result.lo, result.hi).distance.double().median())
+    return out
 
 
 def _stack_cap(elements: int) -> int:
