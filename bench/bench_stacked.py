@@ -55,7 +55,10 @@ def main() -> None:
             torch.cuda.synchronize()
 
     with ExitStack() as stack:
-        ref, cand, ref_model, _ = record_pair(cfg, stack)
+        try:
+            ref, cand, ref_model, _ = record_pair(cfg, stack)
+        except KeyError as exc:  # a path that names nothing in this model (a fault's site)
+            p.error(str(exc.args[0] if exc.args else exc))
         judge = OracleJudge(ref_model)
         pairs = [(r, cand.get(r.key)) for r in ref]
         pairs = [(judge.on_device(r), judge.on_device(c)) for r, c in pairs if c is not None]

@@ -18,15 +18,25 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", default="tiny-qwen3.5")
     p.add_argument("--candidate", default="kernels:fused")
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=4)
     p.add_argument("--top", type=int, default=60)
     p.add_argument("--out")
     args = p.parse_args()
+    from bench_trace import check_workload  # this folder: run as python bench/profile_p3.py
     from ulptrace.probes.onset import run_onset
     from ulptrace.run import RunConfig
 
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=2, prompt_len=32,
-                    new_tokens=4)
-    run_onset(cfg)
+    check_workload(p, args)
+    if args.top < 1:
+        p.error(f"--top must be >= 1, but got {args.top}")
+    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
+                    prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    try:
+        run_onset(cfg)
+    except KeyError as exc:  # a path that names nothing in this model (a fault's site)
+        p.error(str(exc.args[0] if exc.args else exc))
     start = time.perf_counter()
     run_onset(cfg)
     warm = time.perf_counter() - start
