@@ -240,6 +240,17 @@ def test_a_residual_read_back_from_the_norms_input_is_that_inputs_copy(qwen, pro
     assert torch.equal(rec.trace["layers.1.residual_attn", 0].out, seen[0])
 
 
+def _frozen(*objects) -> list[bool]:
+    """Whether each object is in the collector's permanent generation (``gc.freeze``): tracked, yet in no generation
+    ``gc.get_objects`` lists. Asked per object, since the frozen count alone moves when any frozen object is freed by
+    its reference count while a test runs (a helper thread's frame, a cache entry replaced)."""
+    import gc
+
+    assert all(gc.is_tracked(o) for o in objects)
+    listed = {id(o) for o in gc.get_objects()}
+    return [id(o) not in listed for o in objects]
+
+
 def test_recording_runs_the_garbage_collector_less_often_and_freezes_old_objects_until_exit(qwen, prompts) -> None:
     import gc
 
@@ -247,23 +258,26 @@ def test_recording_runs_the_garbage_collector_less_often_and_freezes_old_objects
 
     before = gc.get_threshold()
     assert before[0] < RECORDING_GC_THRESHOLD and gc.get_freeze_count() == 0
+    old = [object()]  # exists when recording starts
     with Recorder(qwen):
         assert gc.get_threshold() == (RECORDING_GC_THRESHOLD, *before[1:])
-        frozen = gc.get_freeze_count()
-        assert frozen > 1000  # the libraries' and the model's objects: out of the collector's view while recording
-        with Recorder(qwen):  # nested: the outer recorder restores
-            pass
-        assert gc.get_threshold()[0] == RECORDING_GC_THRESHOLD and gc.get_freeze_count() == frozen
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+        assert gc.get_freeze_count() > 1000  # the libraries' and the model's objects: out of the collector's view
+        young = [object()]  # made while recording: the collector still sees it
+        assert _frozen(old, qwen, young) == [True, True, False]
+        with Recorder(qwen):  # nested: neither freezes more nor unfreezes; the outer recorder restores
+            assert _frozen(old, young) == [True, False]
+        assert gc.get_threshold()[0] == RECORDING_GC_THRESHOLD and _frozen(old, young) == [True, False]
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0 and _frozen(old, young) == [False, False]
     with pytest.raises(RuntimeError, match="boom"), Recorder(qwen):
+        assert _frozen(old) == [True]
         raise RuntimeError("boom")
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0 and _frozen(old) == [False]
     gc.freeze()  # a caller that froze objects itself keeps them frozen, and only those
     try:
-        mine = gc.get_freeze_count()
+        later = [object()]
         with Recorder(qwen):
-            pass
-        assert gc.get_freeze_count() == mine
+            assert _frozen(old, later) == [True, False] and gc.get_freeze_count() > 1000
+        assert _frozen(old, later) == [True, False]
     finally:
         gc.unfreeze()
     gc.set_threshold(RECORDING_GC_THRESHOLD * 2, *before[1:])  # a caller's own higher threshold is left as it is
