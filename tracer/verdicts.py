@@ -13,6 +13,7 @@ bug) gets ``verdicts = None`` *and* ``could_not_judge`` with the reason: an outc
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -35,7 +36,11 @@ this size)."""
 STACK_RECORDS = 64
 """Most records in one stack."""
 QUEUE_BYTES = 256 << 20
-"""Record bytes a ``QueuedJudge`` holds before it judges them."""
+"""Record bytes a ``QueuedJudge`` holds at least before it judges them (:func:`queue_bytes`), and a judging pool's
+queue holds before it sends them to its processes (``ulptrace.judging``)."""
+QUEUE_SHARE = 1 / 16
+"""Share of the judge's device memory (host memory for the CPU) a ``QueuedJudge`` may hold in record pairs
+(:func:`queue_bytes`)."""
 _CALL_SUFFIX = re.compile(r"#\d+$")
 
 
@@ -192,10 +197,9 @@ class OracleJudge:
             stacks.append(stack)
         return stacks
 
-    def queued(self, queue_bytes: int = QUEUE_BYTES, progress: Callable[[int, int], None] | None = None
-               ) -> QueuedJudge:
-        """This judge as a ``SiteJudge`` that judges the pairs it is handed together (:class:`QueuedJudge`;
-        ``progress`` as :meth:`replayed_many`'s)."""
+    def queued(self, queue_bytes: int = 0, progress: Callable[[int, int], None] | None = None) -> QueuedJudge:
+        """This judge as a ``SiteJudge`` that judges the pairs it is handed together (:class:`QueuedJudge`, holding up
+        to ``queue_bytes``, default :func:`queue_bytes_for` its device; ``progress`` as :meth:`replayed_many`'s)."""
         return QueuedJudge(self, queue_bytes, progress)
 
     def _whole(self, site: Site) -> bool:
@@ -432,18 +436,34 @@ class OracleJudge:
         return int((~inside).sum())
 
 
+def queue_bytes_for(device: torch.device) -> int:
+    """Record bytes a :class:`QueuedJudge` judging on ``device`` holds before it judges them: :data:`QUEUE_SHARE` of
+    the device's memory (host memory for the CPU), at least :data:`QUEUE_BYTES`. Records of one program stack only
+    when they are held together — a site's prefill with its decode steps, a layer's with the others' — so a bound
+    below one run's differing records judged most pairs one by one (on qwen3.5-0.8b, 2 x 32 tokens and 4 steps:
+    ~1.4 GB of pairs, five flushes of 256 MiB, 470 of 1,456 pairs judged alone against 42 held together)."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no such query here: the floor
+            total = 0
+    return max(QUEUE_BYTES, int(QUEUE_SHARE * total))
+
+
 class QueuedJudge:
     """A ``SiteJudge`` (for ``StreamingComparator``/``compare``) that holds the pairs its ``OracleJudge`` must replay
     and judges them together (``OracleJudge.replayed_many``: pairs of one program in one replay) when an answer is
     first read (``ulptrace.comparison.finish_diffs``), or once it holds ``queue_bytes`` of records; what needs no
-    replay is answered at once (``OracleJudge.without_replay``). The answers are those of judging each pair as it
-    comes (tested). A record of ``ulptrace.record.LIVE_BYTES`` or more (it may be the model's own value, valid only
+    replay is answered at once (``OracleJudge.without_replay``); ``queue_bytes`` defaults to :func:`queue_bytes_for`
+    the judge's device. The answers are those of judging each pair as it comes (tested). A record of ``ulptrace.record.LIVE_BYTES`` or more (it may be the model's own value, valid only
     while the recorder hands it over) is judged at once."""
 
     def __init__(self, judge: OracleJudge, queue_bytes: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.judge = judge
-        self.queue_bytes = queue_bytes or QUEUE_BYTES
+        self.queue_bytes = queue_bytes or queue_bytes_for(judge.device)
         self.progress = progress  # (stacks judged, stacks) while the held pairs are judged
         self._pairs: list[tuple[Record, Record]] = []
         self._indices: list[int] = []

@@ -79,6 +79,42 @@ def test_queued_judge_answers_as_each_pair_alone(monkeypatch) -> None:
         assert [queued(r, c) for r, c in pairs] == alone
 
 
+def test_the_queue_holds_a_share_of_the_judges_memory() -> None:
+    """Records of one program stack only when held together (a site's prefill with its decode steps): the queue's bound
+    is a sixteenth of the judge's memory — here the host's, read from /proc/meminfo — never below 256 MiB."""
+    import torch
+    from ulptrace.verdicts import queue_bytes_for
+
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    got = queue_bytes_for(torch.device("cpu"))
+    assert got >= 256 << 20
+    if total // 16 > 256 << 20:
+        assert abs(got - total // 16) <= total // 1000  # MemTotal leaves out the kernel's own reserve
+
+
+def test_an_onset_judges_its_held_pairs_at_once_and_a_small_bound_gives_the_same_report(monkeypatch) -> None:
+    """With the default share of memory an onset's pairs are judged in one plan (prefill and decode steps of a site
+    stacked), whatever the floor; with a bound of one byte each pair is judged as it comes: the same report."""
+    flushes: list[int] = []
+    real = QueuedJudge.flush
+
+    def flush(self) -> None:
+        flushes.append(len(self._pairs))
+        real(self)
+
+    monkeypatch.setattr(QueuedJudge, "flush", flush)
+    cfg = RunConfig(**SMALL, model="tiny-qwen3.5", candidate="kernels:fused")
+    monkeypatch.setattr(verdicts, "QUEUE_BYTES", 1)  # the floor alone would judge each pair as it comes
+    held = report(cfg)
+    assert len(flushes) == 1 and flushes[0] > 20, flushes
+    flushes.clear()
+    monkeypatch.setattr(verdicts, "QUEUE_SHARE", 0)
+    each = report(cfg)
+    assert len(flushes) > 20 and max(flushes) == 1, flushes
+    assert essentials(held) == essentials(each)
+
+
 @pytest.mark.parametrize("fields", RUNS)
 def test_onset_report_is_the_report_without_stacking(fields, monkeypatch) -> None:
     stacked = report(RunConfig(**SMALL, **fields))
