@@ -43,8 +43,9 @@ KINDS = ("norm", "gated_norm", "glu", "gates", "conv", "rope", "attention", "res
 # row-shaped), the states.
 ROW_WISE_KINDS = ("norm", "gated_norm", "glu", "gates", "residual", "logits", "linear")
 # kinds whose semantics treat each batch item (dimension 0 of the output and of every input) alone — attention cores,
-# the GatedDeltaNet conv, scan and states — so a record can be judged on some of its batch items
-BATCH_WISE_KINDS = ("attention", "conv", "state")
+# rope (each item's query with its own positions' tables), the GatedDeltaNet conv, scan and states — so a record can be
+# judged on some of its batch items (a record whose tables are shared by the batch, dimension 0 of one, is judged whole)
+BATCH_WISE_KINDS = ("attention", "rope", "conv", "state")
 
 
 @dataclass(frozen=True)

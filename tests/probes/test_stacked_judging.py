@@ -52,6 +52,10 @@ def test_stacked_answers_are_each_pairs_own(fields) -> None:
             weights = {tuple(params[n].flatten().tolist()) for i, _ in norms[0] for n in params
                        if n.endswith(f"{pairs[i][0].site}.weight")}
             assert len(weights) > 1, "the stacked layers' norms have weights of their own"
+        ropes = [s for s in stacked if {pairs[i][0].kind for i, _ in s} == {"rope"}]
+        own = {r.layer for r, _ in pairs if r.kind == "rope" and r.inputs["cos"].shape[0] == r.out.shape[0] > 1}
+        if len(own) > 1:  # batch-wise where each item has its own tables: a query's items at every layer and step
+            assert any(len({pairs[i][0].layer for i, _ in s}) > 1 for s in ropes), "rope stacked across layers"
         scans = [r.site for r, _ in pairs if hasattr(judge.program(judge.site(r.site), r.inputs), "judge_stacked")]
         if scans:  # the GatedDeltaNet scan's construction: whole records of every layer and step in a few stacks
             stacked_scans = [s for s in stacked if pairs[s[0][0]][0].site in scans]

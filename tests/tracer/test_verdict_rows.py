@@ -54,8 +54,8 @@ def test_judging_the_differing_parts_gives_the_figures_of_the_whole_record(model
 def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ() -> None:
     """Hand-made records: a norm with two of eight rows differing keeps those two (a power of two, no padding) and
     leaves 6 x 4 elements out; three differing rows are padded to four with an equal row; an attention record keeps
-    its one differing batch item of two; rope, five differing rows of eight, both batch items, an input in other
-    rows, or a dtype change: judged whole."""
+    its one differing batch item of two, and so does rope with tables of its own per item; rope with tables the batch
+    shares, five differing rows of eight, both batch items, an input in other rows, or a dtype change: judged whole."""
     from ulptrace.sites import Obs, Site
     from ulptrace.trace import Record
 
@@ -79,8 +79,13 @@ def test_rows_are_cut_only_where_the_semantics_are_row_wise_and_few_rows_differ(
     got = verdicts._differing_parts(scan, ref, cand([1]))
     assert got is not None and got[0].out.shape == (1, 4, 4) and got[2] == 16 and torch.equal(got[0].inputs["x"], x[:1])
     assert verdicts._differing_parts(scan, ref, cand([1, 6])) is None  # both batch items differ
-    rope = Site("r", "rope", 0, Obs("r", "out"), {"x": Obs("r", "in0")})
-    assert verdicts._differing_parts(rope, ref, cand([1])) is None
+    # rope is batch-wise: each batch item with its own positions' tables; tables the batch shares are judged whole
+    rope = Site("r", "rope", 0, Obs("r", "out"), {"x": Obs("r", "in0"), "cos": Obs("r", "cos")})
+    own = Record("r", 0, "rope", 0, ref.out, {"x": x, "cos": torch.randn(2, 4, 4)})
+    got = verdicts._differing_parts(rope, own, cand([1]))
+    assert got is not None and got[2] == 16 and torch.equal(got[0].inputs["cos"], own.inputs["cos"][:1])
+    shared = Record("r", 0, "rope", 0, ref.out, {"x": x, "cos": torch.randn(1, 4, 4)})
+    assert verdicts._differing_parts(rope, shared, cand([1])) is None
     other = Record("n", 0, "norm", 0, ref.out, {"x": x.reshape(4, 2, 4)})
     assert verdicts._differing_parts(norm, other, cand([1])) is None
     wide = Record("n", 0, "norm", 0, cand([1]).out.float(), {"x": x})
