@@ -13,6 +13,7 @@ bug) gets ``verdicts = None`` *and* ``could_not_judge`` with the reason: an outc
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -185,7 +186,7 @@ class OracleJudge:
             else:
                 groups.setdefault(part.key, []).append((index, part))
         for group in groups.values():
-            cap = _stack_cap(group[0][1].candidate.out[:1].numel())
+            cap = _stack_cap(math.prod(group[0][1].candidate.out.shape[1:]))
             stack: list[tuple[int, _Part | None]] = []
             units = 0
             for index, part in group:
@@ -235,7 +236,7 @@ class OracleJudge:
         params = self._per_unit(site, unit)
         try:
             program = self.program(site, unit, params) if params else None
-            if program is None or tuple(program.output_value.shape) != tuple(cand.out[:1].shape):
+            if program is None or tuple(program.output_value.shape) != (1, *cand.out.shape[1:]):
                 params, program = {}, self.program(site, unit)
         except (NotImplementedError, ValueError, TypeError, RuntimeError):
             try:
@@ -590,7 +591,7 @@ def _differing(site: Site, reference: Record, tensors: Sequence[torch.Tensor]) -
         lead = ref_out.shape[:-1]
         if any(t.shape[:-1] != lead for t in tensors):
             return None
-        n_parts = ref_out[..., 0].numel()
+        n_parts = math.prod(lead)
     elif site.kind in BATCH_WISE_KINDS:
         n_parts = ref_out.shape[0]
         if any(t.dim() == 0 or t.shape[0] != n_parts for t in tensors):
@@ -602,18 +603,23 @@ def _differing(site: Site, reference: Record, tensors: Sequence[torch.Tensor]) -
     return n_parts, ~same_bits(ref_out, cand_out).reshape(n_parts, -1).all(-1)
 
 
-def _cut(site: Site, t: torch.Tensor, n_parts: int, parts: torch.Tensor, rows_first: bool) -> torch.Tensor:
-    """The ``parts`` of ``t`` (:func:`_differing`): batch items along dimension 0; rows of a row-wise kind along the
-    next-to-last dimension (``(1, ..., rows, columns)``), or along the first with ``rows_first`` (``(rows, 1, ...,
-    columns)``), the rank kept."""
+def _cut(site: Site, t: torch.Tensor, n_parts: int, parts: torch.Tensor | None, rows_first: bool) -> torch.Tensor:
+    """The ``parts`` of ``t`` (:func:`_differing`; None: every one, in order, so no copy): batch items along dimension
+    0; rows of a row-wise kind along the next-to-last dimension (``(1, ..., rows, columns)``), or along the first with
+    ``rows_first`` (``(rows, 1, ..., columns)``), the rank kept."""
     if site.kind in BATCH_WISE_KINDS:
-        return t.index_select(0, parts)
-    rows = t.reshape(n_parts, t.shape[-1]).index_select(0, parts)
+        return t if parts is None else t.index_select(0, parts)
     ones = (1,) * (t.dim() - 2)
-    return rows.reshape(parts.numel(), *ones, t.shape[-1]) if rows_first else rows.reshape(*ones, -1, t.shape[-1])
+    if parts is None:
+        rows = t
+        count = n_parts
+    else:
+        rows = t.reshape(n_parts, t.shape[-1]).index_select(0, parts)
+        count = parts.numel()
+    return rows.reshape(count, *ones, t.shape[-1]) if rows_first else rows.reshape(*ones, count, t.shape[-1])
 
 
-def _cut_record(site: Site, r: Record, n_parts: int, parts: torch.Tensor, rows_first: bool = False,
+def _cut_record(site: Site, r: Record, n_parts: int, parts: torch.Tensor | None, rows_first: bool = False,
                 inputs: dict[str, torch.Tensor] | None = None) -> Record:
     cut = {k: _cut(site, v, n_parts, parts, rows_first) for k, v in (r.inputs if inputs is None else inputs).items()}
     return Record(r.site, r.step, r.kind, r.layer, _cut(site, r.out, n_parts, parts, rows_first), cut)
@@ -651,10 +657,13 @@ def _units(site: Site, reference: Record, candidate: Record, inputs: dict[str, t
     if found is None:
         return None
     n_parts, differ = found
-    parts = differ.nonzero().flatten()
-    if parts.numel() == 0:
+    parts: torch.Tensor | None = differ.nonzero().flatten()
+    kept = parts.numel()
+    if kept == 0:
         return None
-    left_out = (n_parts - parts.numel()) * (reference.out.numel() // n_parts)
+    if kept == n_parts:  # every part: the records laid out as they are
+        parts = None
+    left_out = (n_parts - kept) * (reference.out.numel() // n_parts)
     cand = _cut_record(site, candidate, n_parts, parts, True, inputs)
     return _cut_record(site, reference, n_parts, parts, True), cand, cand.inputs, left_out
 

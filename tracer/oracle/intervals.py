@@ -187,9 +187,10 @@ class Layout:
 
     def record_of_unit(self, device: torch.device) -> torch.Tensor:
         """The record each slice belongs to (int64, ``units`` long); the padding's is ``count``."""
-        if device not in self._index:
-            counts = torch.tensor((*self.lengths, self.units - self.offsets[-1]), device=device)
-            self._index[device] = torch.repeat_interleave(torch.arange(self.count + 1, device=device), counts)
+        if device not in self._index:  # made on the host: on a GPU, one copy and no wait for an output size
+            counts = (*self.lengths, self.units - self.offsets[-1])
+            index = [k for k, n in enumerate(counts) for _ in range(n)]
+            self._index[device] = torch.tensor(index, dtype=torch.int64).to(device)
         return self._index[device]
 
     def per_unit(self, x: torch.Tensor) -> torch.Tensor:
@@ -338,7 +339,14 @@ def round_scalar(value: float, dtype: torch.dtype) -> float:
     opmath), kept for float64 ops."""
     if dtype == F64 or isinstance(value, bool):
         return float(value)
-    return float(torch.tensor(float(value), dtype=F64).to(torch.float32))
+    return _to_fp32(float(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _to_fp32(value: float) -> float:
+    """``value`` rounded to FP32 as torch casts it (once per value: a replay meets the same few scalars — an epsilon,
+    a scale — in every record, and each cast is three tensor ops)."""
+    return float(torch.tensor(value, dtype=F64).to(torch.float32))
 
 
 # ---------------------------------------------------------------------------------------------- widening
