@@ -14,8 +14,9 @@ models, then sends them one twin of the reference model as built (``start``; its
 shared memory, the weights not drawn again — each applies the reference path to it and builds its own
 ``OracleJudge``). :meth:`JudgePool.judge` wraps this side's ``OracleJudge``: a pair that needs no replay (a site
 without semantics, an input missing, bitwise-equal outputs) is answered here at once; the others are held (up to
-``ulptrace.verdicts.QUEUE_BYTES``, or until an answer is read), ordered so that records of one program are neighbours
-(``ulptrace.verdicts.stack_hint``) and cut into one share per worker; each share is packed into one arena
+``ulptrace.verdicts.queue_bytes_for`` the judge's device, as a ``QueuedJudge`` holds them, or until an answer is
+read), ordered so that records of one program are neighbours (``ulptrace.verdicts.stack_hint``) and cut into one share
+per worker; each share is packed into one arena
 (``ulptrace.processes.pack``: a copy, so the run may reuse its memory) and sent to the least busy worker, which judges
 it with ``OracleJudge.replayed_many`` (records of one program stacked, judged in one replay); each pair's answer is a
 :class:`Pending` that ``ulptrace.comparison.finish_diffs`` reads. At most ``AHEAD`` shares per worker are in flight (the run then waits for an answer), so what waits stays
@@ -57,7 +58,7 @@ from ulptrace.processes import (
     spawn_context,
 )
 from ulptrace.trace import Record
-from ulptrace.verdicts import QUEUE_BYTES, stack_hint
+from ulptrace.verdicts import queue_bytes_for, stack_hint
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
@@ -176,12 +177,14 @@ class Pending:
 
 
 class _PoolQueue:
-    """``JudgePool.judge``'s ``SiteJudge``: pairs held until an answer is read or ``QUEUE_BYTES`` are held, then sent a
+    """``JudgePool.judge``'s ``SiteJudge``: pairs held until an answer is read or ``queue_bytes_for`` the judge's device
+    are held (records of one program stack only in one share: a site's prefill with its decode steps), then sent a
     share to each worker (:meth:`flush`; a pair of ``LIVE_BYTES`` or more, maybe the model's own value, is sent at
     once: packing copies it)."""
 
     def __init__(self, pool: JudgePool, local: Any) -> None:
         self.pool, self.local = pool, local
+        self.queue_bytes = queue_bytes_for(local.device)
         self._held: list[tuple[int, Record, Record]] = []
         self._bytes = 0
         self._sent: dict[int, tuple[int, int]] = {}  # pair -> (its share's index in the pool, its place there)
@@ -204,7 +207,7 @@ class _PoolQueue:
         else:
             self._held.append((index, reference, candidate))
             self._bytes += sum(sizes)
-            if self._bytes >= QUEUE_BYTES:
+            if self._bytes >= self.queue_bytes:
                 self.flush()
         return Pending(self, index)
 
@@ -293,7 +296,7 @@ class JudgePool:
     def judge(self, local: Any) -> Any:
         """A ``SiteJudge`` for ``StreamingComparator``/``compare``: ``local`` (this side's ``OracleJudge`` of the
         same semantics) answers what needs no replay; the rest is held and, when an answer is first read or
-        ``QUEUE_BYTES`` are held, planned into stacks (``OracleJudge.stacks``: pairs of one program judged in one
+        ``queue_bytes_for`` its device are held, planned into stacks (``OracleJudge.stacks``: pairs of one program judged in one
         replay) that the workers judge, a stack each (a :class:`Pending` per pair)."""
         return _PoolQueue(self, local)
 

@@ -27,7 +27,7 @@ def _verdicts(data: dict) -> dict[str, int]:
     return totals
 
 
-def test_judged_in_processes_the_report_is_judging_heres_and_the_processes_are_kept() -> None:
+def test_judged_in_processes_the_report_is_judging_heres_and_the_processes_are_kept(monkeypatch) -> None:
     judging.shutdown()
     fields = {**SMALL, "model": "tiny-qwen3.5", "candidate": "kernels:fused"}
     here = report(RunConfig(**fields))
@@ -40,8 +40,19 @@ def test_judged_in_processes_the_report_is_judging_heres_and_the_processes_are_k
     kept = list(judging._IDLE.values())
     assert len(kept) == 1 and all(p.is_alive() for p in kept[0].processes)
     pids = [p.pid for p in kept[0].processes]
+    # the pairs held as a QueuedJudge holds them (a share of the device's memory, whatever the 256 MiB floor), so a
+    # site's records reach one process together: one share per process at the end
+    monkeypatch.setattr("ulptrace.verdicts.QUEUE_BYTES", 1)
+    shares = []
+    submit = judging.JudgePool.submit
+    monkeypatch.setattr(judging.JudgePool, "submit", lambda self, pairs: shares.append(len(pairs)) or submit(self, pairs))
     again = within(120, lambda: report(RunConfig(**fields, judge_workers=2)))  # the kept processes, their model
     assert essentials(again) == essentials(here)
+    assert len(shares) == 2 and sum(shares) == there["run"]["judging_processes"]["pairs_judged_there"], shares
+    shares.clear()
+    monkeypatch.setattr("ulptrace.verdicts.QUEUE_SHARE", 0)  # a bound of one byte: each pair sent as it comes
+    assert essentials(within(120, lambda: report(RunConfig(**fields, judge_workers=2)))) == essentials(here)
+    assert shares == [1] * there["run"]["judging_processes"]["pairs_judged_there"]
     assert [p.pid for p in next(iter(judging._IDLE.values())).processes] == pids
     judging.shutdown()
     assert not judging._IDLE and not any(p.is_alive() for p in kept[0].processes)
