@@ -36,6 +36,9 @@ STACK_ELEMENTS = 1 << 22
 this size)."""
 STACK_RECORDS = 64
 """Most records in one stack."""
+STACK_OWN_BYTES = 1 << 31
+"""Most bytes of the per-record constants (each layer's weight matrices, in float64) one stack holds: a stack of
+records from several layers holds each layer's once (``judge_stacked(per_record=)``)."""
 QUEUE_BYTES = 256 << 20
 """Record bytes a ``QueuedJudge`` holds at least before it judges them (:func:`queue_bytes`), and a judging pool's
 queue holds before it sends them to its processes (``ulptrace.judging``)."""
@@ -176,7 +179,9 @@ class OracleJudge:
         (``ulptrace.oracle.members.signature``: a site at its prefill and every decode step, a formula without
         parameters of its own at every layer) on units of the same shapes: up to :data:`STACK_ELEMENTS` output
         elements and :data:`STACK_RECORDS` records a stack (judged as a power of two of units, padded with copies of
-        the first record's); any other pair is a stack of its own (its part None)."""
+        the first record's) and :data:`STACK_OWN_BYTES` of the layers' own weights; any other pair is a stack of its
+        own (its part None). A linear layer's records stack across layers, each with its own layer's weight
+        (:meth:`_per_record`)."""
         stacks: list[list[tuple[int, _Part | None]]] = []
         groups: dict[Any, list[tuple[int, _Part]]] = {}
         for index, (reference, candidate) in enumerate(pairs):
@@ -186,15 +191,23 @@ class OracleJudge:
             else:
                 groups.setdefault(part.key, []).append((index, part))
         for group in groups.values():
+            if group[0][1].own:  # a layer's records side by side: its weights held once while its records last
+                group.sort(key=lambda item: (item[1].site.layer, item[0]))
             cap = _stack_cap(math.prod(group[0][1].candidate.out.shape[1:]))
             stack: list[tuple[int, _Part | None]] = []
-            units = 0
+            units = held = 0
+            own: set[int] = set()  # the per-record tensors the stack holds (each once, in float64 while judged)
             for index, part in group:
-                if stack and (units + part.units > cap or len(stack) >= STACK_RECORDS):
+                new = {id(t): 8 * t.numel() for t in part.own.values() if id(t) not in own}
+                if stack and (units + part.units > cap or len(stack) >= STACK_RECORDS
+                              or (new and held + sum(new.values()) > STACK_OWN_BYTES)):
                     stacks.append(stack)
-                    stack, units = [], 0
+                    stack, units, held, own = [], 0, 0, set()
+                    new = {id(t): 8 * t.numel() for t in part.own.values()}
                 stack.append((index, part))
                 units += part.units
+                held += sum(new.values())
+                own.update(new)
             stacks.append(stack)
         return stacks
 
@@ -245,10 +258,23 @@ class OracleJudge:
                 return None  # judged alone, where the reason is reported
         params = {n: t for n, t in params.items() if n in program.constants}
         per_unit = frozenset(params)
+        own = self._per_record(site, program, per_unit)
+        per_record = frozenset(own)
         shapes = tuple((role, tuple(t.shape[1:]), t.dtype) for role, t in sorted(inputs.items()))
-        key = (signature(program, per_unit), per_unit, shapes, tuple(cand.out.shape[1:]), cand.out.dtype,
-               ref.out.dtype, ref.out.device)
-        return _Part(key, site, ref, cand, inputs, exact_elsewhere, program, cand.out.shape[0], params)
+        key = (signature(program, per_unit, per_record), per_unit, per_record, shapes, tuple(cand.out.shape[1:]),
+               cand.out.dtype, ref.out.dtype, ref.out.device)
+        return _Part(key, site, ref, cand, inputs, exact_elsewhere, program, cand.out.shape[0], params, own)
+
+    def _per_record(self, site: Site, program: Any, per_unit: frozenset[str]) -> dict[str, torch.Tensor]:
+        """The constants of ``program`` that are its layer's own tensors (named relative to the layer, not per unit:
+        a linear layer's weight), with this layer's values: a stack of records from several layers gives each record
+        its own (``judge_stacked(per_record=)``), so one program judges the formula at every layer. None outside the
+        layers or with sharded parameters."""
+        if site.layer is None or self.shards:
+            return {}
+        named = self._named(site)
+        return {n: named[n] for n, t in program.constants.items() if n not in per_unit and n in named
+                and named[n].shape == t.shape and named[n].dtype == t.dtype}
 
     def _stackable_whole(self, site: Site, formula: Any, reference: Record, candidate: Record,
                          inputs: dict[str, torch.Tensor]) -> _Part | None:
@@ -264,7 +290,7 @@ class OracleJudge:
         shapes = tuple((role, tuple(t.shape[1:]), t.dtype) for role, t in sorted(inputs.items()))
         key = (formula.stack_key, shapes, tuple(candidate.out.shape[1:]), candidate.out.dtype, reference.out.dtype,
                reference.out.device)
-        return _Part(key, site, reference, candidate, inputs, 0, formula, batch, {})
+        return _Part(key, site, reference, candidate, inputs, 0, formula, batch, {}, {})
 
     def _per_unit(self, site: Site, unit: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The vector parameters of ``site``'s layer (named relative to it) in the rank of its units, dimension 0 of
@@ -327,8 +353,9 @@ class OracleJudge:
                                                     for role in first.reference.inputs}, params)
                 if not stacks(first.program, program, layout.units, per_unit):
                     return [None] * count
+                own = {n: [p.own[n] for p in parts] for n in first.own}
                 results = judge_stacked(program, inputs, output, reference, sites, layout=layout, per_unit=per_unit,
-                                        hypotheses=self.hypotheses, shards=self._shards(first.site))
+                                        per_record=own, hypotheses=self.hypotheses, shards=self._shards(first.site))
             real = layout.offsets[-1] * (output.shape[0] // layout.units)
             histograms = verdict_histograms(torch.cat([r.verdicts for r in results]), output[:real], reference[:real],
                                             Layout(lengths))
@@ -524,6 +551,7 @@ class _Part(NamedTuple):
     program: Any  # the program of one unit (dimension 0 of one)
     units: int  # the part's length in dimension 0
     params: dict[str, torch.Tensor]  # the program's per-unit constants: this layer's values, dimension 0 of one
+    own: dict[str, torch.Tensor]  # the program's per-record constants: this layer's tensors (a linear weight)
 
 
 _DIGITS = re.compile(r"\d+")

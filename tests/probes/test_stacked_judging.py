@@ -52,6 +52,10 @@ def test_stacked_answers_are_each_pairs_own(fields) -> None:
             weights = {tuple(params[n].flatten().tolist()) for i, _ in norms[0] for n in params
                        if n.endswith(f"{pairs[i][0].site}.weight")}
             assert len(weights) > 1, "the stacked layers' norms have weights of their own"
+        linear = [s for s in stacked if {pairs[i][0].kind for i, _ in s} == {"linear"}]
+        if len({r.layer for r, _ in pairs if r.kind == "linear"}) > 1:  # a weight matrix each record's own
+            assert any(len({pairs[i][0].layer for i, _ in s}) > 1 and all(part.own for _, part in s)
+                       for s in linear), "linear layers of several layers in one stack"
         ropes = [s for s in stacked if {pairs[i][0].kind for i, _ in s} == {"rope"}]
         own = {r.layer for r, _ in pairs if r.kind == "rope" and r.inputs["cos"].shape[0] == r.out.shape[0] > 1}
         if len(own) > 1:  # batch-wise where each item has its own tables: a query's items at every layer and step
@@ -67,6 +71,19 @@ def test_stacked_answers_are_each_pairs_own(fields) -> None:
         assert together == alone
         verdict_totals = {v: sum(a["verdicts"][v] for a in alone) for v in alone[0]["verdicts"]}
         assert verdict_totals["tie"] + verdict_totals["boundary"] + verdict_totals["error"] > 0
+
+
+def test_a_stack_holds_the_layers_own_weights_up_to_its_bound(monkeypatch) -> None:
+    """``STACK_OWN_BYTES`` bounds the float64 copies of the layers' own weights one stack holds: at one byte each
+    stack holds one layer's (a site's prefill and decode steps still together), with the same answers."""
+    with ExitStack() as stack:
+        judge, pairs = _pairs(RUNS[0].values[0], stack)
+        alone = [judge.replayed(r, c) for r, c in pairs]
+        monkeypatch.setattr(verdicts, "STACK_OWN_BYTES", 1)
+        linear = [s for s in judge.stacks(pairs) if {pairs[i][0].kind for i, _ in s} == {"linear"}]
+        assert linear and all(len({pairs[i][0].layer for i, _ in s}) == 1 for s in linear)
+        assert any(len({pairs[i][0].step for i, _ in s}) > 1 for s in linear)
+        assert judge.replayed_many(pairs) == alone
 
 
 def test_queued_judge_answers_as_each_pair_alone(monkeypatch) -> None:
@@ -142,8 +159,9 @@ def test_stacked_answers_on_the_gpu_are_each_pairs_own(fields, cuda_kernels) -> 
 @pytest.mark.parametrize("bad", ["fails", "wrong_rank"])
 def test_a_formula_that_cannot_take_its_parameters_per_unit_is_stacked_without(bad, monkeypatch) -> None:
     """Per-unit parameters that make the capture fail (shapes that do not broadcast) or change the output's shape:
-    the unit's program is captured with the layer's own parameters instead, its records stacked by site only, and
-    every answer is still the one judging it alone gives."""
+    the unit's program is captured with the layer's own parameters instead, which are then each record's own
+    (``per_record``: the ops reading them evaluated record by record), and every answer is still the one judging it
+    alone gives."""
     real = OracleJudge._per_unit
 
     def broken(self, site, unit):
@@ -158,7 +176,9 @@ def test_a_formula_that_cannot_take_its_parameters_per_unit_is_stacked_without(b
         alone = [judge.replayed(r, c) for r, c in pairs]
         plan = [s for s in judge.stacks(pairs) if len(s) > 1]
         norms = [s for s in plan if {pairs[i][0].kind for i, _ in s} == {"norm"}]
-        assert norms and all(len({pairs[i][0].site for i, _ in s}) == 1 for s in norms), "one layer's norm a stack"
+        assert norms and all(not part.params for s in norms for _, part in s), "no per-unit parameters"
+        assert any(len({pairs[i][0].layer for i, _ in s}) > 1 and all(part.own for _, part in s) for s in norms), \
+            "norms of several layers in one stack, each record with its own weight"
         assert judge.replayed_many(pairs) == alone
 
 

@@ -266,6 +266,23 @@ def members(layout: Layout, lengths: frozenset[int] = frozenset()) -> Iterator[N
         _MEMBERS.reset(token)
 
 
+def stacked_layout() -> Layout | None:
+    """The layout of the records being replayed stacked (:func:`members`), or None (one record)."""
+    stacked = _MEMBERS.get()
+    return None if stacked is None else stacked[0]
+
+
+@contextmanager
+def one_record() -> Iterator[None]:
+    """Inside a stacked replay (:func:`members`), values of one record only: its decisions are taken on them whole,
+    as its own replay takes them (``ulptrace.oracle.replay``: an op evaluated record by record)."""
+    token = _MEMBERS.set(None)
+    try:
+        yield
+    finally:
+        _MEMBERS.reset(token)
+
+
 def _all_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``torch.equal(a, b)`` for same-shaped tensors, the same for every record of a stacked replay. A value of the
     records has them stacked along dimension 0 (``ulptrace.oracle.members.stacks`` checks every value of the program

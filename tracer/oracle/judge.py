@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.intervals import Layout, members
-from ulptrace.oracle.members import stacked_lengths
+from ulptrace.oracle.members import depends_on_inputs, stacked_lengths
 from ulptrace.oracle.program import Program
-from ulptrace.oracle.replay import output_interval, replay, to_dtype
+from ulptrace.oracle.replay import Records, output_interval, replay, to_dtype
 from ulptrace.oracle.sharding import ShardedReduction
 from ulptrace.ulp import (
     FORMATS,
@@ -197,6 +197,7 @@ def judge_stacked(
     *,
     layout: Layout | None = None,
     per_unit: frozenset[str] = frozenset(),
+    per_record: Mapping[str, Sequence[torch.Tensor]] | None = None,
     hypotheses: bool = True,
     shards: Iterable[ShardedReduction] = (),
 ) -> list[Judgement]:
@@ -204,8 +205,10 @@ def judge_stacked(
     the stack (``ulptrace.oracle.members.stacks`` says whether it is the records' program stacked), ``inputs``,
     ``output`` and ``reference_output`` are the records' own, concatenated in order, as ``layout`` says (default:
     records of equal shapes, ``Layout.of(len(sites))``; its padding is judged for none); ``per_unit`` names the
-    program's constants that hold each unit's own values (``ulptrace.oracle.members``). Each record's
-    :class:`Judgement` is the one :func:`judge` gives it alone.
+    program's constants that hold each unit's own values (``ulptrace.oracle.members``); ``per_record`` gives the
+    constants each record has its own of, one tensor per record (a linear layer's weight where the records come from
+    several layers: the ops that read them are evaluated record by record, ``ulptrace.oracle.replay.Records``). Each
+    record's :class:`Judgement` is the one :func:`judge` gives it alone.
 
     Raises:
         MixedDecision: the records would take different paths in the replay (``ulptrace.oracle.intervals``): judge
@@ -218,14 +221,24 @@ def judge_stacked(
     layout = layout or Layout.of(len(sites))
     if layout.count != len(sites):
         raise ValueError(f"a layout of {layout.count} records for {len(sites)} sites")
+    records = None
+    if per_record:
+        for name, tensors in per_record.items():
+            want = program.constants.get(name)
+            if want is None or len(tensors) != layout.count or any(
+                    t.shape != want.shape or t.dtype != want.dtype for t in tensors):
+                raise ValueError(f"per_record[{name!r}] must hold {layout.count} tensors shaped and typed as the "
+                                 f"program's constant, but got {[(tuple(t.shape), t.dtype) for t in tensors]}")
+        records = Records(per_record, depends_on_inputs(program, per_unit))
     with members(layout, stacked_lengths(program, layout.units, per_unit)):
-        base = replay(program, inputs, track_point=True)
+        base = replay(program, inputs, track_point=True, records=records)
         iv = output_interval(program, base)
         options: list[tuple[HypothesisResult, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
         if hypotheses:
             for h in enumerate_hypotheses(program, shards):
                 def interval(h=h) -> tuple[torch.Tensor, torch.Tensor]:
-                    h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False))
+                    h_iv = output_interval(program, replay(program, inputs, h.mods, base=base, track_point=False,
+                                                           records=records))
                     return h_iv.lo, h_iv.hi
 
                 options.append((HypothesisResult(h.kind, h.description, h.op, 0), interval))

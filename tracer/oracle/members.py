@@ -36,11 +36,14 @@ object (one site, one shape: a site's records at every decode step); below it th
 (a norm's weight, a mask), so equal formulas of different layers are one program too."""
 
 
-def signature(program: Program, per_unit: frozenset[str] = frozenset()) -> Hashable:
+def signature(program: Program, per_unit: frozenset[str] = frozenset(),
+              per_record: frozenset[str] = frozenset()) -> Hashable:
     """A key equal for programs that compute the same thing on inputs of the same names, shapes and dtypes: the same
-    ops with the same arguments, values and constants (:data:`CONSTANT_BYTES`), the ``per_unit`` constants compared by
-    name, shape and dtype only (their values are each unit's own). Made once per program."""
-    key = ("signature", per_unit)
+    ops with the same arguments, values and constants (:data:`CONSTANT_BYTES`), the ``per_unit`` and ``per_record``
+    constants compared by name, shape and dtype only (their values are each unit's, or each record's, own: a linear
+    layer's weight at every layer). Made once per program."""
+    key = ("signature", per_unit, per_record)
+    own = per_unit | per_record
     if key not in program.memo:
         digest = hashlib.sha256()
         for op in program.ops:
@@ -50,13 +53,13 @@ def signature(program: Program, per_unit: frozenset[str] = frozenset()) -> Hasha
             digest.update(repr((value.kind, value.dtype, value.shape, value.op, value.output,
                                 value.name if value.kind == "input" else None)).encode())
         digest.update(repr((program.output, program.narrow_dtype, sorted(program.live))).encode())
-        total = sum(t.nbytes for name, t in program.constants.items() if name not in per_unit)
+        total = sum(t.nbytes for name, t in program.constants.items() if name not in own)
         if total > CONSTANT_BYTES:
             program.memo[key] = ("program", id(program))  # the memo lives as long as the program: the id stays its own
             return program.memo[key]
         for name, tensor in sorted(program.constants.items()):
             digest.update(repr((name, tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))).encode())
-            if name not in per_unit:
+            if name not in own:
                 digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         program.memo[key] = ("values", digest.hexdigest())
     return program.memo[key]

@@ -10,7 +10,7 @@ explicit FP32 summation order for its sums and means, to show which order reprod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.intervals import Iv
 from ulptrace.oracle.program import Program, ValueRef
-from ulptrace.oracle.rules import Call, UnsupportedOpError, bind, map_args, rule_for
+from ulptrace.oracle.rules import Call, UnsupportedOpError, arg_leaves, bind, map_args, rule_for
 from ulptrace.oracle.sharding import split_matmul
 
 Reducer = Callable[[torch.Tensor, int], torch.Tensor]
@@ -68,19 +68,49 @@ def _resolve(values: list[Iv | None], program: Program, op_index: int, a: Any) -
     return a
 
 
-def initial_values(program: Program, inputs: Mapping[str, torch.Tensor], track_point: bool = True) -> list[Iv | None]:
-    """Values before any op runs: inputs and constants as exact float64 points on the inputs' device.
+@dataclass(frozen=True)
+class Records:
+    """Constants that are each record's own in a stacked replay (``ulptrace.oracle.intervals.members``): a linear
+    layer's weight where the records come from several layers. ``constants`` maps such a constant's name to one tensor
+    per record of the layout (shaped as the program's); ``stacked`` holds the indices of the program's values laid
+    along dimension 0 record by record (those made from its inputs: ``ulptrace.oracle.members.depends_on_inputs``).
+    An op that reads one of them is evaluated record by record (:func:`_by_record`), the padding with the first
+    record; everything else once for the stack."""
+
+    constants: Mapping[str, Sequence[torch.Tensor]]
+    stacked: frozenset[int]
+
+
+class _Each:
+    """A value that is each record's own (one of :class:`Records`' constants, or made from such values alone): one
+    interval per record (records holding the same tensor share one)."""
+
+    def __init__(self, ivs: Sequence[Iv]) -> None:
+        self.ivs = list(ivs)
+
+
+def initial_values(program: Program, inputs: Mapping[str, torch.Tensor], track_point: bool = True,
+                   records: Records | None = None) -> list[Iv | _Each | None]:
+    """Values before any op runs: inputs and constants as exact float64 points on the inputs' device (``records``:
+    the constants each record has its own of, one point per record).
 
     Raises:
         TypeError, ValueError: see :meth:`Program.check_inputs`.
     """
     program.check_inputs(inputs)
     device = next(iter(inputs.values())).device
-    values: list[Iv | None] = [None] * len(program.values)
+    values: list[Iv | _Each | None] = [None] * len(program.values)
     for name, index in program.inputs.items():
         values[index] = I.point(inputs[name], track_point)
+    own = records.constants if records is not None else {}
     for value in program.values:
-        if value.kind == "constant":
+        if value.kind != "constant":
+            continue
+        if value.name in own:
+            points: dict[int, Iv] = {}  # a layer's tensor made a point once however many of its records
+            values[value.index] = _Each([points.setdefault(id(t), I.point(t.to(device), track_point))
+                                         for t in own[value.name]])
+        else:
             values[value.index] = I.point(program.constants[value.name].to(device), track_point)
     return values
 
@@ -92,6 +122,7 @@ def replay(
     *,
     base: list[Iv | None] | None = None,
     track_point: bool = True,
+    records: Records | None = None,
 ) -> list[Iv | None]:
     """Interval replay of every live op; returns the interval of every value (None where not computed).
 
@@ -102,6 +133,7 @@ def replay(
         base: the values of an unmodified replay of the same inputs; ops before ``mods.first_op()`` are
             then taken from it instead of recomputed.
         track_point: also carry the exact-replay point value.
+        records: in a stacked replay, the constants each record has its own of (:class:`Records`).
 
     Raises:
         TypeError, ValueError: inputs do not match the program.
@@ -112,9 +144,10 @@ def replay(
     if start is not None and base is not None:
         values = list(base)
         if not track_point:
-            values = [v if v is None else Iv(v.lo, v.hi, v.pt if not v.is_float else None) for v in values]
+            values = [v if v is None or isinstance(v, _Each) else Iv(v.lo, v.hi, v.pt if not v.is_float else None)
+                      for v in values]
     else:
-        values = initial_values(program, inputs, track_point)
+        values = initial_values(program, inputs, track_point, records)
         start = 0
     for op in program.ops:
         if op.index < start or op.index not in program.live:
@@ -124,18 +157,108 @@ def replay(
         args, kwargs = map_args(lambda a, i=op.index: _resolve(values, program, i, a), (op.args, op.kwargs))
         out_dtype = program.values[op.outputs[0]].dtype if op.outputs[0] is not None else torch.float32
         compute = I.F64 if out_dtype == I.F64 else torch.float32
-        call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs,
-                    frozenset(mods.attention.get(op.index, ())), where)
-        result = split_matmul(call, mods.split[op.index]) if op.index in mods.split else rule.handler(call)
+        stages = frozenset(mods.attention.get(op.index, ()))
+        split = mods.split.get(op.index)
+
+        def evaluate(args: Any, kwargs: Any, op: Any = op, rule: Any = rule, out_dtype: torch.dtype = out_dtype,
+                     compute: torch.dtype = compute, stages: frozenset[str] = stages, where: str = where,
+                     split: Any = split) -> Any:
+            call = Call(op.func, args, kwargs, bind(op.func, args, kwargs), out_dtype, compute, op.attrs, stages,
+                        where)
+            return split_matmul(call, split) if split is not None else rule.handler(call)
+
+        each = records is not None and any(isinstance(a, _Each) for a in arg_leaves((args, kwargs)))
+        if each:
+            assert records is not None
+            result = _by_record(evaluate, op, args, kwargs, records.stacked)
+        else:
+            result = evaluate(args, kwargs)
         results = result if isinstance(result, tuple) else (result,)
         for k, out_index in enumerate(op.outputs):
             if out_index is None:
                 continue
             iv = results[k] if k < len(results) else None
             if iv is not None and rule.kind not in ("view", "select", "compare"):
-                iv = _round(program, op.index, out_index, iv, mods)
+                if isinstance(iv, _Each):  # a value of the records' constants alone: each rounded as its own
+                    with I.one_record():
+                        iv = _Each([_round(program, op.index, out_index, x, mods) for x in iv.ivs])
+                else:
+                    iv = _round(program, op.index, out_index, iv, mods)
             values[out_index] = iv
     return values
+
+
+def _by_record(evaluate: Callable[[Any, Any], Any], op: Any, args: Any, kwargs: Any, stacked: frozenset[int]) -> Any:
+    """``op`` (an argument of it is each record's own: :class:`_Each`) evaluated for each record on its own part of
+    the stacked values and its own constants — the first record with the padding, which copies it — its results laid
+    back in the stack's order; where no argument is stacked, one result per record (an :class:`_Each`). Decisions
+    inside are taken per record (``intervals.one_record``), as its own replay takes them."""
+    layout = I.stacked_layout()
+    if layout is None:  # one record
+        return evaluate(*map_args(lambda a: a.ivs[0] if isinstance(a, _Each) else a, (args, kwargs)))
+    refs = {id(iv): a.index for a, iv in zip(arg_leaves((op.args, op.kwargs)), arg_leaves((args, kwargs)),
+                                              strict=True) if isinstance(a, ValueRef)}
+    rows = {id(iv) for iv in arg_leaves((args, kwargs)) if isinstance(iv, Iv) and refs.get(id(iv)) in stacked}
+    if not rows:
+        distinct: dict[tuple[int, ...], Any] = {}
+        outs = []
+        for k in range(layout.count):
+            key = tuple(id(a.ivs[k]) for a in arg_leaves((args, kwargs)) if isinstance(a, _Each))
+            if key not in distinct:
+                with I.one_record():
+                    distinct[key] = evaluate(*map_args(lambda a, k=k: a.ivs[k] if isinstance(a, _Each) else a,
+                                                       (args, kwargs)))
+            outs.append(distinct[key])
+        if isinstance(outs[0], tuple):
+            return tuple(_Each([o[j] for o in outs]) for j in range(len(outs[0])))
+        return _Each(outs)
+    pad = layout.units - layout.offsets[-1]
+
+    def spans(k: int) -> list[tuple[int, int]]:  # record k's units (the first record's with the padding)
+        own = [(layout.offsets[k], layout.offsets[k + 1])]
+        return own + [(layout.offsets[-1], layout.units)] if k == 0 and pad else own
+
+    def part(iv: Iv, k: int) -> Iv:
+        step = iv.lo.shape[0] // layout.units
+        cuts = [(a * step, b * step) for a, b in spans(k)]
+        return iv.map(lambda t: torch.cat([t[a:b] for a, b in cuts]) if len(cuts) > 1 else t[cuts[0][0]:cuts[0][1]])
+
+    parts = []
+    for k in range(layout.count):
+        def pick(a: Any, k: int = k) -> Any:
+            if isinstance(a, _Each):
+                return a.ivs[k]
+            return part(a, k) if isinstance(a, Iv) and id(a) in rows else a
+
+        with I.one_record():
+            parts.append(evaluate(*map_args(pick, (args, kwargs))))
+    first = parts[0] if isinstance(parts[0], tuple) else (parts[0],)
+    laid = []
+    for j in range(len(first)):
+        pieces = [p[j] if isinstance(p, tuple) else p for p in parts]
+        if pieces[0] is None:
+            laid.append(None)
+            continue
+        units = [spans(k) for k in range(layout.count)]
+        own0 = units[0][0][1] - units[0][0][0]
+        head_units = sum(b - a for a, b in units[0])
+        step = pieces[0].lo.shape[0] // head_units
+        # the first record's own rows, the others', then the padding (the first record's evaluation's tail)
+        cut = own0 * step
+        order = [pieces[0].map(lambda t, cut=cut: t[:cut])] + pieces[1:]
+        if pad:
+            order.append(pieces[0].map(lambda t, cut=cut: t[cut:]))
+        laid.append(_cat(order))
+    return tuple(laid) if isinstance(parts[0], tuple) else laid[0]
+
+
+def _cat(ivs: Sequence[Iv]) -> Iv:
+    """Intervals of the records' parts, one after the other along dimension 0 (a point where each part is one)."""
+    lo = torch.cat([iv.lo for iv in ivs])
+    hi = lo if all(iv.is_point for iv in ivs) else torch.cat([iv.hi for iv in ivs])
+    pts = [iv.pt for iv in ivs]
+    pt = None if any(p is None for p in pts) else lo if all(iv.pt is iv.lo for iv in ivs) else torch.cat(pts)
+    return Iv(lo, hi, pt)
 
 
 def _round(program: Program, op_index: int, value_index: int, iv: Iv, mods: Mods) -> Iv:

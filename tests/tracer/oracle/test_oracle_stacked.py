@@ -302,3 +302,51 @@ def test_a_formula_that_mixes_units_parameters_does_not_stack() -> None:
     one = capture_semantics(formula(w1), {"x": torch.randn(1, 16)}, constant_names={"weight": w1})
     many = capture_semantics(formula(w8), {"x": torch.randn(8, 16)}, constant_names={"weight": w8})
     assert not stacks(one, many, 8, frozenset({"weight"}))
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "addmm"])
+def test_per_record_constants_stack_three_layers_linear_layers(bias) -> None:
+    """Three layers' linear layers, each with its own weight matrix (and bias: its rounding decided inside the op),
+    records of 3, 1 and 2 rows padded to 8 with the first's: one program (``signature`` leaves the per-record values
+    out), the matmul evaluated record by record with each record's own weight (``judge_stacked(per_record=)``), the
+    rest once — each record's judgement the one its own layer's program gives it alone."""
+    torch.manual_seed(3)
+    weights = [(torch.randn(16, 32) * 0.2).to(BF16) for _ in range(3)]
+    biases = [(torch.randn(16) * 0.1).to(BF16) for _ in range(3)]
+    xs = [(torch.randn(n, 32) * (1 + k)).to(BF16) for k, n in enumerate((3, 1, 2))]
+
+    def linear(w, b):
+        return lambda x: torch.nn.functional.linear(x, w, b if bias else None)
+
+    refs = [linear(w, b)(x) for w, b, x in zip(weights, biases, xs, strict=True)]
+    cands = [r.clone() for r in refs]
+    cands[1] = torch.nn.functional.linear(xs[1].float(), weights[1].float(), biases[1].float() if bias else None
+                                          ).to(BF16)  # FP32 accumulation, another order: ties or equal
+    cands[2][1, :3] = (cands[2][1, :3].float() * 1.5).to(BF16)  # errors in the third layer's record
+    names = {"weight": weights[0], "bias": biases[0]} if bias else {"weight": weights[0]}
+    own = frozenset(names)
+
+    def program(k, x):
+        return capture_semantics(linear(weights[k], biases[k]), {"x": x}, constant_names=(
+            {"weight": weights[k], "bias": biases[k]} if bias else {"weight": weights[k]}))
+
+    units = [program(k, x[:1]) for k, x in enumerate(xs)]
+    assert len({signature(u, per_record=own) for u in units}) == 1
+    assert len({signature(u) for u in units}) == 3
+    x = torch.cat([*xs, xs[0][:2]])
+    many = capture_semantics(linear(weights[0], biases[0]), {"x": x}, constant_names=names)
+    assert stacks(units[0], many, 8)
+    per_record = {"weight": weights, "bias": biases} if bias else {"weight": weights}
+    together = judge_stacked(many, {"x": x}, torch.cat([*cands, cands[0][:2]]), torch.cat([*refs, refs[0][:2]]),
+                             ["a", "b", "c"], layout=Layout([3, 1, 2], 8), per_record=per_record)
+    for k, judged in enumerate(together):
+        _same(judge(program(k, xs[k]), {"x": xs[k]}, cands[k], refs[k]), judged)
+    assert together[0].worst == "exact" and together[2].worst == "error"
+    # the first layer's weight for every record: another answer (the others' own weights were used)
+    wrong = judge_stacked(many, {"x": x}, torch.cat([*cands, cands[0][:2]]), torch.cat([*refs, refs[0][:2]]),
+                          ["a", "b", "c"], layout=Layout([3, 1, 2], 8))
+    assert torch.equal(wrong[0].lo, together[0].lo)
+    assert not torch.equal(wrong[1].lo, together[1].lo) and not torch.equal(wrong[2].hi, together[2].hi)
+    with pytest.raises(ValueError, match="per_record\\['weight'\\] must hold 3 tensors"):
+        judge_stacked(many, {"x": x}, torch.cat([*cands, cands[0][:2]]), torch.cat([*refs, refs[0][:2]]),
+                      ["a", "b", "c"], layout=Layout([3, 1, 2], 8), per_record={"weight": weights[:2]})
