@@ -180,8 +180,11 @@ def replay(
             iv = results[k] if k < len(results) else None
             if iv is not None and rule.kind not in ("view", "select", "compare"):
                 if isinstance(iv, _Each):  # a value of the records' constants alone: each rounded as its own
+                    rounded: dict[int, Iv] = {}  # once per distinct value (a layer's, however many records)
                     with I.one_record():
-                        iv = _Each([_round(program, op.index, out_index, x, mods) for x in iv.ivs])
+                        iv = _Each([rounded[id(x)] if id(x) in rounded else
+                                    rounded.setdefault(id(x), _round(program, op.index, out_index, x, mods))
+                                    for x in iv.ivs])
                 else:
                     iv = _round(program, op.index, out_index, iv, mods)
             values[out_index] = iv
