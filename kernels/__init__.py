@@ -14,31 +14,36 @@ modules stay importable by their dotted names (``ulptrace.kernels.inject:faithfu
 
 from __future__ import annotations
 
-from ulptrace.kernels._build import KernelBuildError
-from ulptrace.kernels._build import available as kernels_available
-from ulptrace.kernels.decode_attention import decode_attention, decode_attention_reference
-from ulptrace.kernels.gated_rms_norm import gated_rms_norm, gated_rms_norm_reference
-from ulptrace.kernels.gdn_gates import gdn_gates, gdn_gates_reference
-from ulptrace.kernels.glu import glu, glu_reference
-from ulptrace.kernels.inject import OPS, Injection, faithful, fused, inject
-from ulptrace.kernels.rms_norm import add_rms_norm, rms_norm_reference
+if __name__ == "kernels":  # this folder reached as a top-level package from the checkout's root
+    from ulptrace._toplevel import step_aside
 
-__all__ = [
-    "OPS",
-    "Injection",
-    "KernelBuildError",
-    "add_rms_norm",
-    "decode_attention",
-    "decode_attention_reference",
-    "faithful",
-    "fused",
-    "gated_rms_norm",
-    "gated_rms_norm_reference",
-    "gdn_gates",
-    "gdn_gates_reference",
-    "glu",
-    "glu_reference",
-    "inject",
-    "kernels_available",
-    "rms_norm_reference",
-]
+    step_aside(__name__, __file__)
+else:
+    from ulptrace.kernels._build import KernelBuildError
+    from ulptrace.kernels._build import available as kernels_available
+    from ulptrace.kernels.decode_attention import decode_attention, decode_attention_reference
+    from ulptrace.kernels.gated_rms_norm import gated_rms_norm, gated_rms_norm_reference
+    from ulptrace.kernels.gdn_gates import gdn_gates, gdn_gates_reference
+    from ulptrace.kernels.glu import glu, glu_reference
+    from ulptrace.kernels.inject import OPS, Injection, faithful, fused, inject
+    from ulptrace.kernels.rms_norm import add_rms_norm, rms_norm_reference
+
+    __all__ = [
+        "OPS",
+        "Injection",
+        "KernelBuildError",
+        "add_rms_norm",
+        "decode_attention",
+        "decode_attention_reference",
+        "faithful",
+        "fused",
+        "gated_rms_norm",
+        "gated_rms_norm_reference",
+        "gdn_gates",
+        "gdn_gates_reference",
+        "glu",
+        "glu_reference",
+        "inject",
+        "kernels_available",
+        "rms_norm_reference",
+    ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import ulptrace
 
 PUBLIC = {
@@ -41,12 +44,46 @@ def test_import_is_light_and_has_no_side_effects() -> None:
 
 
 def test_no_top_level_tracer_probes_or_kernels_package() -> None:
+    """Outside the checkout none of the folders is a top-level name (another package of that name may be installed:
+    transformers 5.25 requires PyPI's ``kernels``)."""
+    root = str(Path(ulptrace.__file__).resolve().parent.parent)
     code = (
         "import importlib.util as u; "
-        "print([n for n in ('tracer', 'probes', 'kernels') if u.find_spec(n) is not None])"
+        "import os; "
+        "print([n for n in ('tracer', 'probes', 'kernels') "
+        f"if (s := u.find_spec(n)) and os.path.dirname(os.path.dirname(s.origin)) == {root!r}])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["tracer", "probes", "kernels"])
+def test_in_the_checkouts_root_a_folder_steps_aside_for_the_package_of_its_bare_name(name, tmp_path) -> None:
+    """``python -c`` run in the checkout's root has the folders on ``sys.path`` under their bare names: importing one
+    gives the installed package of that name (transformers imports ``kernels``), or says there is none and what the
+    folder is; transformers' models still load."""
+    root = Path(ulptrace.__file__).resolve().parent.parent
+    fake = tmp_path / "site" / name
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("WHO = 'installed'\n")
+    env = {**os.environ, "PYTHONPATH": ""}
+    code = f"import {name}; print({name}.WHO)"
+    # the checkout's root first (the current directory), the installed package right after it
+    there = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(1, {str(fake.parent)!r}); {code}"],
+                           capture_output=True, text=True, check=False, cwd=root, env=env)
+    assert there.returncode == 0 and there.stdout.strip() == "installed", there.stderr
+    code = f"import sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; import {name}"
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=root, env=env)
+    real = "ulptrace" if name == "tracer" else f"ulptrace.{name}"
+    assert alone.returncode == 1 and f"this checkout's {name}/ folder is imported as {real!r}" in alone.stderr
+
+
+def test_transformers_models_load_when_run_from_the_checkouts_root() -> None:
+    root = Path(ulptrace.__file__).resolve().parent.parent
+    code = "from ulptrace.models import build_model; print(type(build_model('tiny-llama')).__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=root,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "LlamaForCausalLM", done.stderr
 
 
 def test_public_names_are_not_shadowed_by_submodules() -> None:
