@@ -17,7 +17,7 @@ from __future__ import annotations
 if __name__ == "kernels":  # this folder reached as a top-level package from the checkout's root
     from ulptrace._toplevel import step_aside
 
-    step_aside(__name__, __file__)
+    step_aside(__name__, __file__, globals())
 else:
     from ulptrace.kernels._build import KernelBuildError
     from ulptrace.kernels._build import available as kernels_available

@@ -10,11 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-if __name__ == "tracer":  # this folder reached as a top-level package from the checkout's root
-    from ulptrace._toplevel import step_aside
-
-    step_aside(__name__, __file__)
-
 __version__ = "0.1.0"
 
 # public name -> submodule that defines it
@@ -102,3 +97,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
+
+
+if __name__ == "tracer":  # this folder reached as a top-level package from the checkout's root
+    from ulptrace._toplevel import step_aside
+
+    step_aside(__name__, __file__, globals())

@@ -60,8 +60,9 @@ def test_no_top_level_tracer_probes_or_kernels_package() -> None:
 @pytest.mark.parametrize("name", ["tracer", "probes", "kernels"])
 def test_in_the_checkouts_root_a_folder_steps_aside_for_the_package_of_its_bare_name(name, tmp_path) -> None:
     """``python -c`` run in the checkout's root has the folders on ``sys.path`` under their bare names: importing one
-    gives the installed package of that name (transformers imports ``kernels``), or says there is none and what the
-    folder is; transformers' models still load."""
+    gives the installed package of that name (transformers 5.25 imports PyPI's ``kernels``); with none installed, an
+    empty module (no ``__version__``: transformers, which imports an unregistered ``kernels`` to read it, then leaves
+    it alone) whose every name says what the folder is."""
     root = Path(ulptrace.__file__).resolve().parent.parent
     fake = tmp_path / "site" / name
     fake.mkdir(parents=True)
@@ -72,10 +73,13 @@ def test_in_the_checkouts_root_a_folder_steps_aside_for_the_package_of_its_bare_
     there = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(1, {str(fake.parent)!r}); {code}"],
                            capture_output=True, text=True, check=False, cwd=root, env=env)
     assert there.returncode == 0 and there.stdout.strip() == "installed", there.stderr
-    code = f"import sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; import {name}"
+    code = (f"import sys; sys.path[:] = [p for p in sys.path if 'site-packages' not in p]; import {name}; "
+            f"print(getattr({name}, '__version__', 'N/A'), bool({name}.__file__)); {name}.glu")
     alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=root, env=env)
     real = "ulptrace" if name == "tracer" else f"ulptrace.{name}"
-    assert alone.returncode == 1 and f"this checkout's {name}/ folder is imported as {real!r}" in alone.stderr
+    assert alone.stdout.split() == ["N/A", "True"], alone.stderr
+    assert f"AttributeError: module {name!r} has no attribute 'glu': this checkout's {name}/ folder is imported as " \
+           f"{real!r}" in alone.stderr
 
 
 def test_transformers_models_load_when_run_from_the_checkouts_root() -> None:
