@@ -363,7 +363,10 @@ def splice_row(state: DecodeState, row: int, source: DecodeState, source_row: in
             if not isinstance(value, torch.Tensor) or target.dim() != value.dim() or target.shape[1:] != value.shape[1:]:
                 raise ValueError(f"cannot splice state tensor {name}: {list(getattr(value, 'shape', []))} into "
                                  f"{list(target.shape)} (expected the same layout)")
-            if target.dim() == 0:
+            if target.dim() == 0:  # a count of the cache's, not batch-first (transformers 5.25's cumulative_length_linear)
+                if not torch.equal(target, value):
+                    raise ValueError(f"cannot splice state tensor {name}: it is {value.item()} in the source and "
+                                     f"{target.item()} in the state (expected the same: one count for the batch)")
                 return target.clone()
             out = target.clone()
             out[row] = value[source_row]
@@ -372,7 +375,8 @@ def splice_row(state: DecodeState, row: int, source: DecodeState, source_row: in
             return {k: put(v, value.get(k) if isinstance(value, dict) else None, f"{name}.{k}") for k, v in target.items()}
         return _clone(target)
 
-    cache = [{k: put(v, attrs.get(k), k) for k, v in mine.items()} for mine, attrs in zip(state.cache, source.cache)]
+    cache = [{k: put(v, attrs.get(k), f"layers.{i - 1}.{k}" if i else k) for k, v in mine.items()}
+             for i, (mine, attrs) in enumerate(zip(state.cache, source.cache))]  # named as DecodeState.tensors names
     tokens = state.tokens
     if tokens is not None and source.tokens is not None:
         tokens = put(tokens, source.tokens, "tokens")

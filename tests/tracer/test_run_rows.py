@@ -71,8 +71,11 @@ def test_splice_row_puts_one_row_of_another_state_into_a_batch(qwen) -> None:
     alone = _run_to_step_1(model, prompts[2:3], "eager").snapshot()
     spliced = splice_row(batch, 0, alone, 0)
     for name, tensor in spliced.tensors().items():
-        assert torch.equal(tensor[0], alone.tensors()[name][0]), name
-        assert torch.equal(tensor[1:], batch.tensors()[name][1:]), name
+        if tensor.dim() == 0:  # a count for the whole batch (transformers 5.25 keeps one per linear-attention layer)
+            assert torch.equal(tensor, alone.tensors()[name]) and torch.equal(tensor, batch.tensors()[name]), name
+        else:
+            assert torch.equal(tensor[0], alone.tensors()[name][0]), name
+            assert torch.equal(tensor[1:], batch.tensors()[name][1:]), name
         assert tensor.data_ptr() != batch.tensors()[name].data_ptr()  # a copy: the batch state is unchanged
     later = _run_to_step_1(model, prompts, "eager")
     later.step(torch.tensor([[1], [1], [1]]))
@@ -112,3 +115,18 @@ def test_row_sink_gives_each_row_the_records_of_its_prompt_alone(qwen) -> None:
     assert all(d.bitwise_equal for d in comparison.sites)
     with pytest.raises(ValueError, match="outside a batch"):
         RowSink(3, {3: MemorySink()})
+
+
+def test_splice_row_keeps_a_batch_wide_count_and_refuses_two_that_differ() -> None:
+    """A 0-dim state tensor is one count for the whole batch (transformers 5.25's ``cumulative_length_linear``): kept
+    when both states agree, refused with both values when they do not (the row would not be on the same path)."""
+    from ulptrace.run import DecodeState
+
+    def state(count: int, fill: float) -> DecodeState:
+        return DecodeState([{}, {"count": torch.tensor(count), "conv": torch.full((2, 3), fill)}], 5, None)
+
+    spliced = splice_row(state(5, 0.0), 1, state(5, 1.0), 0)
+    assert spliced.tensors()["layers.0.count"].item() == 5
+    assert spliced.tensors()["layers.0.conv"].tolist() == [[0.0] * 3, [1.0] * 3]
+    with pytest.raises(ValueError, match=r"layers.0.count.*4 in the source and 5 in the state"):
+        splice_row(state(5, 0.0), 1, state(4, 1.0), 0)
