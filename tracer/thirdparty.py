@@ -41,7 +41,7 @@ import shutil
 import sys
 import types
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -409,11 +409,30 @@ SCAN_FUNCTIONS = {"torch_chunk_gated_delta_rule": "chunk_gated_delta_rule",
 def scan_binding(function: Any) -> str:
     """What an HF scan function runs: ``"torch"`` (HF's fallback) or the dotted name of the
     flash-linear-attention kernel HF bound at import (beneath an ulptrace tap)."""
-    tapped = getattr(function, "__ulptrace_tap__", None)
-    if tapped is not None:
-        function = tapped.original
     bound = _fla_callable(function)
     return "torch" if bound is None else f"{bound.__module__}.{getattr(bound, '__name__', '?')}"
+
+
+def _beneath(function: Any) -> Iterator[Any]:
+    """``function`` and what it wraps, outermost first: beneath an ulptrace tap its original; beneath the function
+    module that the hub-kernels package makes of a function (transformers 5.25 decorates its scan and conv functions
+    with ``use_kernel_func_from_hub``: an ``nn.Module`` whose class's ``forward`` calls the function it closes over as
+    ``func`` unless a hub kernel was kernelized for it) that function; beneath ``functools.wraps`` its ``__wrapped__``."""
+    import torch
+
+    seen: set[int] = set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        yield function
+        tapped = getattr(function, "__ulptrace_tap__", None)
+        if tapped is not None:
+            function = tapped.original
+        elif isinstance(function, torch.nn.Module):
+            forward = type(function).forward
+            cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or (), strict=True))
+            function = cells["func"].cell_contents if "func" in cells else None
+        else:
+            function = getattr(function, "__wrapped__", None)
 
 
 def _fla_callable(function: Any) -> Any:
@@ -422,28 +441,24 @@ def _fla_callable(function: Any) -> Any:
     def is_fla(f: Any) -> bool:
         return callable(f) and str(getattr(f, "__module__", "") or "").split(".")[0] == FLA.module
 
-    if is_fla(function):
-        return function
-    seen: set[int] = set()
-    while function is not None and id(function) not in seen:
-        seen.add(id(function))
-        for cell in getattr(function, "__closure__", None) or ():
+    for layer in _beneath(function):
+        if is_fla(layer):
+            return layer
+        for cell in getattr(layer, "__closure__", None) or ():
             try:
                 value = cell.cell_contents
             except ValueError:
                 continue
             if is_fla(value):
                 return value
-        function = getattr(function, "__wrapped__", None)
     return None
 
 
 def torch_fallback(function: Any) -> Any:
-    """HF's torch implementation beneath ``function`` (beneath an ulptrace tap and HF's FLA dispatch)."""
-    tapped = getattr(function, "__ulptrace_tap__", None)
-    if tapped is not None:
-        function = tapped.original
-    return inspect.unwrap(function)
+    """HF's torch implementation beneath ``function`` (beneath an ulptrace tap, the hub-kernels function module and
+    HF's FLA dispatch): the innermost function it wraps."""
+    *_, innermost = _beneath(function)
+    return innermost
 
 
 class _Route:

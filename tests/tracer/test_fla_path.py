@@ -225,3 +225,44 @@ def test_core_imports_no_third_party_package() -> None:
             "assert 'ulptrace.thirdparty' in sys.modules\n"
             "assert not [m for m in sys.modules if m.split('.')[0] in ('liger_kernel', 'fla')]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_torch_scan_and_hfs_binding_are_found_beneath_a_hub_kernels_function_module() -> None:
+    """transformers 5.25 with the hub-kernels package installed makes each scan function an ``nn.Module`` whose class's
+    ``forward`` calls the function it closes over (``func``: HF's dispatch, ``functools.wraps`` of the torch scan, the
+    FLA kernel in its closure where HF bound one): beneath it are the torch scan and the binding, as beneath a plain
+    function (and beneath an ulptrace tap over it)."""
+    from types import SimpleNamespace
+
+    from ulptrace.taps import tap
+    from ulptrace.thirdparty import scan_binding, torch_fallback
+
+    def torch_scan(x):
+        return x
+
+    def chunk_gated_delta_rule(x):
+        return x
+
+    chunk_gated_delta_rule.__module__ = "fla.ops.gated_delta_rule.chunk"
+
+    def function_module(func):
+        class Func(torch.nn.Module):
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+
+        return Func()
+
+    bound = function_module(functools.wraps(torch_scan)(lambda x: chunk_gated_delta_rule(x)))
+    unbound = function_module(functools.wraps(torch_scan)(lambda x: torch_scan(x)))
+    assert torch_fallback(bound) is torch_fallback(unbound) is torch_scan
+    assert scan_binding(bound) == "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule"
+    assert scan_binding(unbound) == "torch"
+    namespace = SimpleNamespace(scan=bound)
+    handle = tap(namespace, "scan").add_observer(lambda args, kwargs, result: None)
+    try:
+        assert namespace.scan is not bound and namespace.scan(3) == 3
+        assert torch_fallback(namespace.scan) is torch_scan
+        assert scan_binding(namespace.scan) == "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule"
+    finally:
+        handle.remove()
+    assert namespace.scan is bound
