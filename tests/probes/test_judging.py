@@ -142,9 +142,9 @@ def test_ending_helpers_drops_what_they_will_never_read() -> None:
     exits at once, not waiting forever to send it (pytest hung after its summary until this was so)."""
     code = (
         "import time\n"
-        "from ulptrace.processes import end_processes, spawn_context\n"
+        "from ulptrace.processes import end_processes, start_context\n"
         "if __name__ == '__main__':\n"
-        "    context = spawn_context()\n"
+        "    context = start_context('cpu')\n"
         "    queue = context.Queue()\n"
         "    process = context.Process(target=time.sleep, args=(60,), daemon=True)\n"
         "    process.start()\n"
@@ -153,3 +153,37 @@ def test_ending_helpers_drops_what_they_will_never_read() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, timeout=60, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monkeypatch) -> None:
+    """When a judging process ends, nothing in it still holds the model the parent sent (its memory shared): on CUDA
+    the parent, at its own exit, warned "Producer process has been terminated before all shared CUDA tensors
+    released" while a variable of the process's loop still held it. Run here, its ending replaced by a check."""
+    import gc
+    import queue
+    import weakref
+
+    import torch
+    from ulptrace.models import build_model
+
+    model = build_model("tiny-llama")
+    alive = weakref.ref(model)
+    commands: queue.Queue = queue.Queue()
+    answers: queue.Queue = queue.Queue()
+    for command in (("open", RunConfig(model="tiny-llama"), model), ("close",), None):
+        commands.put(command)
+    del model, command
+    held: list[bool] = []
+
+    def ending(out) -> None:
+        gc.collect()
+        held.append(alive() is not None)
+
+    monkeypatch.setattr(judging, "exit_now", ending)
+    threads = torch.get_num_threads()
+    try:
+        judging._serve(commands, answers, "spawn")
+    finally:
+        torch.set_num_threads(threads)
+    assert answers.get_nowait() == ("opened",)
+    assert held == [False]

@@ -417,3 +417,71 @@ def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, exp
     with pytest.raises(_Seen):
         main(["onset", "--model", "tiny-llama", *flags])
     assert seen[0].concurrent is expected
+
+
+def test_helpers_are_forked_only_for_a_cuda_run_of_a_process_without_cuda_state(monkeypatch) -> None:
+    """A forked helper skips a new interpreter's imports, but only where that is safe: never for a CPU run (a child
+    forked after OpenMP ran hangs at its first parallel op), never once CUDA is initialized here, never where torch
+    marks a forked child bad (this process called into the CUDA driver); the probe's answer is the child's flag."""
+    from ulptrace import processes
+
+    assert processes.start_context("cpu").get_start_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert processes._cuda_fork_poisoned() is torch.cuda._is_in_bad_fork()  # asked of a real forked child
+    monkeypatch.setattr(processes, "_cuda_fork_poisoned", lambda: False)
+    assert processes.start_context("cuda:0").get_start_method() == "fork"
+    monkeypatch.setattr(processes, "_cuda_fork_poisoned", lambda: True)
+    assert processes.start_context("cuda").get_start_method() == "spawn"
+    monkeypatch.setattr(processes, "_cuda_fork_poisoned", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert processes.start_context("cuda").get_start_method() == "spawn"
+
+
+def test_a_forked_helper_keeps_to_one_intra_op_thread_and_a_spawned_one_to_its_own() -> None:
+    """The parent's OpenMP pool does not exist in a forked child: it must not wait on it (it would hang)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from ulptrace.processes import child_started\n"
+            "torch.set_num_threads(2)\n"
+            "child_started('spawn'); a = torch.get_num_threads()\n"
+            "child_started('fork'); print(a, torch.get_num_threads())\n")
+    done = subprocess.run([sys.executable, "-c", code], check=True, timeout=120, capture_output=True, text=True)
+    assert done.stdout.split() == ["2", "1"]
+
+
+_CLI = ("import sys, torch\n"
+        "if __name__ == '__main__':\n"
+        "    if sys.argv[1] == 'driver':\n"
+        "        torch.cuda.is_available()  # cuInit here: a child forked now would be refused CUDA\n"
+        "    from ulptrace.cli import main\n"
+        "    sys.exit(main(sys.argv[2:]))\n")
+
+
+@pytest.mark.gpu
+def test_a_fresh_process_forks_its_helpers_on_the_gpu_and_reports_what_the_sequential_onset_does(tmp_path,
+                                                                                                  cuda_kernels) -> None:
+    """``ulptrace onset`` as a user runs it (a fresh process, CUDA not yet initialized): the reference process and
+    the judging processes are forked, and the report is the sequential onset's; where this process had called into
+    the CUDA driver first, they are spawned, with the same report."""
+    import subprocess
+    import sys
+
+    args = ["onset", "--model", "tiny-llama", "--device", "cuda", "--candidate", "fault:layers.1.mlp.glu@1+2",
+            "--prompts", "2", "--prompt-len", "8", "--new-tokens", "3", "--quiet"]
+    reports = {}
+    for name, first, extra in (("sequential", "none", ["--no-concurrent"]),
+                               ("forked", "none", ["--concurrent", "--judge-workers", "2"]),
+                               ("spawned", "driver", ["--concurrent", "--judge-workers", "2"])):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run([sys.executable, "-c", _CLI, first, *args, *extra, "--json", str(out)], check=False,
+                              timeout=300, capture_output=True, text=True)
+        assert done.returncode in (0, 1), done.stderr  # 1: the planted fault is a divergence
+        assert "Traceback" not in done.stderr, done.stderr
+        reports[name] = json.loads(out.read_text())
+    for name, method in (("forked", "fork"), ("spawned", "spawn")):
+        run = reports[name]["run"]
+        assert run["reference_process"]["start_up"]["method"] == method
+        assert run["judging_processes"]["start_method"] == method and run["judging_processes"]["pairs_judged_there"]
+        assert _essentials(reports[name]) == _essentials(reports["sequential"])
