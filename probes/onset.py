@@ -75,8 +75,7 @@ def _judging_info(info: dict[str, Any], pool: JudgePool | None) -> None:
     """Where the oracle judged: the run info says how many processes judged how many pairs (the rest needed no
     replay and were answered here)."""
     if pool is not None:
-        info["judging_processes"] = {"processes": pool.count, "pairs_judged_there": pool.judged,
-                                     "start_method": pool.start_method}
+        info["judging_processes"] = {"processes": pool.count, "pairs_judged_there": pool.judged}
 
 
 def _judge_pool(cfg: RunConfig, stack: ExitStack) -> JudgePool | None:

@@ -46,7 +46,6 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
-    child_started,
     end_processes,
     exit_now,
     model_key,
@@ -57,8 +56,7 @@ from ulptrace.processes import (
     prepare_imports,
     record_metas,
     remote_error,
-    start_context,
-    start_process,
+    spawn_context,
 )
 from ulptrace.trace import Record
 
@@ -119,11 +117,10 @@ class _Shipper:
         child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
 
 
-def _serve(commands: Any, out: Any, acks: Any, method: str) -> None:
+def _serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
     stop, it ends at once (``processes.exit_now``: nothing is left to flush — every message was taken)."""
-    child_started(method)
     note_unsent(out, _SENT_ERRORS)
     models: dict[tuple, Any] = {}
     runs = 0
@@ -200,9 +197,8 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
 class _Worker:
     """A reference process and its two queues: configurations in, a run's messages out (at most ``AHEAD`` waiting)."""
 
-    def __init__(self, device: str) -> None:
-        context = start_context(device)
-        self.method = context.get_start_method()
+    def __init__(self) -> None:
+        context = spawn_context()
         self.spawned_at = time.perf_counter()
         self.model_key: tuple | None = None  # whose model the process holds (sent or built there)
         self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
@@ -211,9 +207,9 @@ class _Worker:
         self.acks = context.Queue()  # this side has read a live value (Sink.live_bytes) the reference waits on
         self.unsent: list[BaseException] = []  # what the commands queue could not send (its model, say)
         note_unsent(self.commands, self.unsent)
-        self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks, self.method),
-                                       daemon=True, name="ulptrace-reference")
-        start_process(self.process)
+        self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
+                                       name="ulptrace-reference")
+        self.process.start()
 
     def stop(self, *, idle: bool = False) -> None:
         """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
@@ -233,7 +229,7 @@ def _take_worker(cfg: Any) -> _Worker:
     if worker is not None and worker.process.is_alive():
         return worker
     shutdown()
-    return _Worker(cfg.device)
+    return _Worker()
 
 
 def shutdown() -> None:
@@ -292,7 +288,6 @@ class RemoteTrace:
         elif kind == "done":
             self.done = item[1:]
             self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
-            self.done[-1]["start_up"]["method"] = self._owner.start_method
         else:
             self.failure = remote_error(*item[1:], "the reference run")
             raise self.failure
@@ -442,11 +437,6 @@ class ReferenceProcess:
     def spawned_at(self) -> float | None:
         """When this process started the reference process (``time.perf_counter()``)."""
         return None if self._worker is None else self._worker.spawned_at
-
-    @property
-    def start_method(self) -> str | None:
-        """How the reference process was started: "fork" or "spawn" (``processes.start_context``)."""
-        return None if self._worker is None else self._worker.method
 
     @property
     def pid(self) -> int | None:

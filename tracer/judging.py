@@ -45,7 +45,6 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
-    child_started,
     end_processes,
     exit_now,
     model_key,
@@ -56,8 +55,7 @@ from ulptrace.processes import (
     prepare_imports,
     record_metas,
     remote_error,
-    start_context,
-    start_process,
+    spawn_context,
 )
 from ulptrace.trace import Record
 from ulptrace.verdicts import queue_bytes_for, stack_hint
@@ -71,14 +69,13 @@ AHEAD_BYTES = 1 << 30  # and bytes of pairs in flight (copies): a long prompt's 
 _SENT_ERRORS: list[BaseException] = []  # a worker's: what its queue to the parent could not send
 
 
-def _serve(commands: Any, answers: Any, method: str) -> None:
+def _serve(commands: Any, answers: Any) -> None:
     """A judging process: ``("prepare", cfg)`` imports what a run needs; ``("open", cfg, model)`` applies ``cfg``'s
     reference path to ``model`` (the parent's twin; None: the one this process holds) and builds the judge;
     answers ``("opened",)``; ``("judge", index, arenas, metas)`` judges the pairs (``OracleJudge.replayed_many``:
     a share of the pairs held, those of one program neighbours) and answers ``("answer", index, results)``; ``("close",)``
     undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
     the parent stops this process."""
-    child_started(method)
     note_unsent(answers, _SENT_ERRORS)
     torch.set_num_threads(1)  # N of them judge at once, each bound by its op dispatch: intra-op threads only contend
     model: Any = None
@@ -124,9 +121,8 @@ def _serve(commands: Any, answers: Any, method: str) -> None:
 class _Workers:
     """The judging processes, each with its command queue, and the one queue they all answer on."""
 
-    def __init__(self, count: int, device: str) -> None:
-        context = start_context(device)
-        self.method = context.get_start_method()
+    def __init__(self, count: int) -> None:
+        context = spawn_context()
         self.count = count
         self.model_key: tuple | None = None  # whose model the processes hold
         self.shipped: Any = None  # the twin whose memory they use: kept alive here while they live
@@ -135,10 +131,10 @@ class _Workers:
         self.commands = [context.Queue() for _ in range(count)]
         for queue in self.commands:
             note_unsent(queue, self.unsent)
-        self.processes = [context.Process(target=_serve, args=(queue, self.answers, self.method), daemon=True,
+        self.processes = [context.Process(target=_serve, args=(queue, self.answers), daemon=True,
                                           name=f"ulptrace-judge-{i}") for i, queue in enumerate(self.commands)]
         for process in self.processes:
-            start_process(process)
+            process.start()
 
     def gone(self) -> str | None:
         """Why a worker is no longer there (None: all alive)."""
@@ -269,7 +265,6 @@ class JudgePool:
         self._started = False
         self.failure: BaseException | None = None
         self.judged = 0  # pairs sent to the workers (the rest were answered here without a replay)
-        self.start_method: str | None = None  # how the processes were started ("fork", "spawn"; kept ones: then)
 
     def __enter__(self) -> Self:
         workers = _IDLE.pop(self._key, None)
@@ -277,10 +272,9 @@ class JudgePool:
             if workers is not None:
                 workers.stop()
             shutdown()  # one set of kept processes at most
-            workers = _Workers(self.count, self.cfg.device)
+            workers = _Workers(self.count)
             workers.send_all(("prepare", self.cfg))
         self._workers = workers
-        self.start_method = workers.method
         return self
 
     def start(self, model: Any = None) -> None:

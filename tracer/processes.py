@@ -18,8 +18,6 @@ import multiprocessing
 import os
 import pickle
 import queue as queue_module
-import sys
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,46 +35,9 @@ Spec = tuple[int, int, str, tuple[int, ...]]  # a tensor in arenas: (arena index
 RecordMeta = tuple[str, int, str, "int | None", Spec, dict[str, Spec]]  # a record as specs: site, step, kind, layer
 
 
-def start_context(device: str | torch.device) -> Any:
-    """The start method of a helper process for a run on ``device``: forked where that is safe, else spawned.
-
-    A forked child has this process's modules already (a spawned one imports torch, transformers and ulptrace again:
-    ~10 s on the H200's host, which a fresh onset waited for). It is safe for a CUDA run on Linux while this process
-    has no CUDA state (none initialized, and no ``cuInit`` behind ``torch.cuda.is_available()``: torch then marks a
-    forked child bad, and CUDA refuses it) — the child makes its own context. Never on the CPU: a child forked after
-    this process's OpenMP threads ran hangs at its first parallel op; so a forked child runs one intra-op thread
-    (:func:`child_started`), all a CUDA run's host side needs. The forked child also inherits the process's other
-    threads' state: torch's own idle ones, and nothing of a queue it uses (its feeder starts after the fork)."""
-    if sys.platform != "linux" or torch.device(device).type != "cuda" or torch.cuda.is_initialized() \
-            or _cuda_fork_poisoned():
-        return torch.multiprocessing.get_context("spawn")
-    return torch.multiprocessing.get_context("fork")
-
-
-def start_process(process: Any) -> None:
-    """``process.start()``, without Python's warning that forking a process with threads may deadlock the child
-    (this process has torch's idle threads; see :func:`start_context`)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-        process.start()
-
-
-def child_started(method: str) -> None:
-    """In a helper process, first: one started by ``method`` "fork" keeps to one intra-op thread (its parent's OpenMP
-    pool does not exist here, and waiting on it would hang)."""
-    if method == "fork":
-        torch.set_num_threads(1)
-
-
-def _cuda_fork_poisoned() -> bool:
-    """Whether a child forked now would be refused CUDA (torch's mark, set in the child when this process called
-    into the CUDA driver): asked of a child forked for the question alone."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the probe: reads torch's flag and ends, running nothing else
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+def spawn_context() -> Any:
+    """The start method of every helper process: spawned (a fork would copy CUDA state, which CUDA forbids)."""
+    return torch.multiprocessing.get_context("spawn")
 
 
 class Orphaned(SystemExit):

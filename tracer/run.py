@@ -117,7 +117,7 @@ def check_mode(mode: str, device: str | torch.device, *, what: str = "mode") -> 
         raise ValueError(f"--{what} must be one of {', '.join(MODES)}, but got {mode!r}")
     if mode == "graph" and torch.device(device).type != "cuda":
         raise ValueError(f"--{what} graph replays CUDA graphs and needs a CUDA device, but the device is "
-                         f"{str(device)!r}" + ("" if torch.cuda.device_count() else " (and no CUDA device is present)"))
+                         f"{str(device)!r}" + ("" if torch.cuda.is_available() else " (and no CUDA device is present)"))
     return mode
 
 
@@ -128,7 +128,7 @@ def check_device(device: str) -> torch.device:
     except RuntimeError:
         raise ValueError(f"--device must be a torch device such as cpu or cuda:0, but got {device!r}") from None
     if dev.type == "cuda":
-        count = torch.cuda.device_count()  # NVML's count: is_available() would call cuInit (no forked helper then)
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             raise ValueError(f"--device {device}: no CUDA device is available on this machine (use --device cpu)")
         if dev.index is not None and dev.index >= count:

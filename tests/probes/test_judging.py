@@ -142,9 +142,9 @@ def test_ending_helpers_drops_what_they_will_never_read() -> None:
     exits at once, not waiting forever to send it (pytest hung after its summary until this was so)."""
     code = (
         "import time\n"
-        "from ulptrace.processes import end_processes, start_context\n"
+        "from ulptrace.processes import end_processes, spawn_context\n"
         "if __name__ == '__main__':\n"
-        "    context = start_context('cpu')\n"
+        "    context = spawn_context()\n"
         "    queue = context.Queue()\n"
         "    process = context.Process(target=time.sleep, args=(60,), daemon=True)\n"
         "    process.start()\n"
@@ -182,7 +182,7 @@ def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monke
     monkeypatch.setattr(judging, "exit_now", ending)
     threads = torch.get_num_threads()
     try:
-        judging._serve(commands, answers, "spawn")
+        judging._serve(commands, answers)
     finally:
         torch.set_num_threads(threads)
     assert answers.get_nowait() == ("opened",)
