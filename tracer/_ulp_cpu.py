@@ -2,9 +2,9 @@
 through ctypes.
 
 The torch path of ``ulptrace.ulp.record_stats`` makes a dozen elementwise passes over a record per statistic;
-on a CPU that is most of what tracing costs. This reads both bit-pattern arrays once and produces the same
-buffer as the CUDA kernel (``ulptrace._ulp_triton.RECORD_LAYOUT``), equal to the reference definitions
-(tested). It needs a C compiler (``cc``, or ``$CC``). It is built for the machine it runs on
+on a CPU that is most of what tracing costs. This reads both bit-pattern arrays once and fills the CUDA kernel's
+buffer (``ulptrace._ulp_triton.RECORD_LAYOUT``; a histogram bucket's distance codes summed into its first, which
+``ulp`` reads alike), equal to the reference definitions (tested). It needs a C compiler (``cc``, or ``$CC``). It is built for the machine it runs on
 (``-march=native``, where the compiler takes it: the vectorized loops need more than the baseline instruction set to
 be faster; ``-fno-trapping-math`` lets their selects vectorize) and cached under ``~/.cache/ulptrace`` (or
 ``$ULPTRACE_CACHE``) by a hash of the source, the flags and the processor (``_processor``), so a cache shared
@@ -40,6 +40,7 @@ BASE_FLAGS = ("-O3", "-fno-trapping-math", "-shared", "-fPIC")
 NATIVE_FLAGS = (("-march=native",), ("-mcpu=native",), ())  # tried in order: x86 and most compilers, some ARM ones, none
 _state: dict[str, Any] = {}
 _FUNCTIONS = {1: "ulptrace_stats_8", 2: "ulptrace_stats_16", 4: "ulptrace_stats_32"}
+_SLOTS = ctypes.c_int64 * 32
 
 
 def _cache() -> Path:
@@ -103,8 +104,9 @@ def unavailable_reason() -> str | None:
 
 
 def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int]:
-    """The 32 int64 slots of ``RECORD_LAYOUT`` for two CPU bit-pattern tensors of the format ``fmt``
-    (``ulptrace.ulp.FloatFormat``; rows are the last dimension; ``rows=False`` leaves the row slots 0).
+    """The 32 int64 slots of ``RECORD_LAYOUT`` (each bucket's codes at its first) for two CPU bit-pattern tensors
+    of the format ``fmt`` (``ulptrace.ulp.FloatFormat``; rows are the last dimension; ``rows=False`` leaves the row
+    slots 0).
 
     Raises:
         RuntimeError: :func:`library` is None.
@@ -121,9 +123,9 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     threads = min(torch.get_num_threads(), 8)
     if a.numel() < PARALLEL_ELEMENTS or threads < 2 or (rows and n_rows < threads):
         # most records: one call into a ctypes array (a torch tensor and its tolist cost more than the pass itself)
-        slots = (ctypes.c_int64 * 32)()
+        slots = _SLOTS()
         function(a.data_ptr(), b.data_ptr(), n_rows, n_cols, *constants, int(rows), slots)
-        return list(slots)
+        return slots[:]  # a slice is a list made in C: list(slots) reads the 32 items one by one (~3 us a record)
 
     def part(first: int, count: int, length: int, out: torch.Tensor) -> None:
         """``count`` rows of ``length`` elements from element ``first``."""

@@ -121,6 +121,28 @@ def test_hand_derived_row_distances(cpu_path) -> None:
     assert not z.equal and z.differing == 0 and z.row_histogram["0"] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_hand_derived_distances_fall_in_their_buckets(dtype, cpu_path) -> None:
+    """Every distance 0..20 once (1.0's bit pattern moved k patterns up), +-smallest subnormal (2 apart across zero),
+    a NaN: each bucket's count derived by hand — the compiled pass counts buckets by nested comparisons
+    (> 0, > 1, > 2, > 4, > 8, > 16), so each boundary is checked from both sides, in one block and in two."""
+    int_dtype = {2: torch.int16, 4: torch.int32}[dtype.itemsize]
+    one, nan = (int(torch.tensor(x, dtype=dtype).view(int_dtype)) for x in (1.0, float("nan")))
+    sign = 1 << (8 * dtype.itemsize - 1)
+    pairs = [(one, one + k) for k in range(21)] + [(1, 1 | sign), (one, nan)]
+    expected = {"0": 1, "1": 1, "2": 2, "3-4": 2, "5-8": 4, "9-16": 8, ">16": 4, "nonfinite": 1}
+
+    def wrap(x: int) -> int:  # the pattern as the signed integer of its width
+        return x - (1 << 8 * dtype.itemsize) if x >= sign else x
+
+    for repeat in (1, 20):  # 23 elements, then 460: several blocks of 256
+        a = torch.tensor([wrap(x) for x, _ in pairs] * repeat, dtype=int_dtype).view(dtype)
+        b = torch.tensor([wrap(y) for _, y in pairs] * repeat, dtype=int_dtype).view(dtype)
+        stats = record_stats(a, b)
+        assert stats.histogram == {k: v * repeat for k, v in expected.items()}, (dtype, repeat, cpu_path)
+        assert stats.max_ulp == 20 and stats.differing == 22 * repeat and not stats.equal
+
+
 def test_pending_stats_resolve_in_order_and_name_bad_input() -> None:
     a = torch.ones(4, dtype=torch.bfloat16)
     pending = [pending_stats(a, a), pending_stats(a, a * 2)]
