@@ -706,7 +706,9 @@ def _differing_stats(a: torch.Tensor, ba: torch.Tensor, bb: torch.Tensor) -> Ulp
 
 
 def _buckets(c: list[int]) -> dict[str, int]:
-    """Counts of codes 0..16 (distance), 17 (> 16), 18 (nonfinite) -> :data:`HISTOGRAM_BUCKETS`."""
+    """Counts of codes 0..16 (distance), 17 (> 16), 18 (nonfinite) -> :data:`HISTOGRAM_BUCKETS`: a bucket's codes
+    summed, so a count given by value (the CUDA kernel, the torch path) and a bucket's count at its first code (the
+    compiled CPU pass, ``_ulp_cpu.c``) read alike."""
     return {"0": c[0], "1": c[1], "2": c[2], "3-4": c[3] + c[4], "5-8": sum(c[5:9]), "9-16": sum(c[9:17]),
             ">16": c[17], "nonfinite": c[18]}
 
