@@ -165,7 +165,8 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
                       "reference_start_up_s": {k.removesuffix("_at"): v - start["spawned_at"] for k, v in start.items()
                                                if k.endswith("_at") and k != "spawned_at"},
                       "reference_model_shipped": start.get("model_shipped"),
-                      "candidate_built_s": built_at[-1] - start["spawned_at"]}
+                      "candidate_built_s": built_at[-1] - start["spawned_at"],
+                      "seconds": process.get("seconds")}
     if prof is not None:
         import io
         import pstats
@@ -260,8 +261,14 @@ def main() -> None:
                         "(onset's --concurrent); the untraced base still runs the pair one after the other")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
+    p.add_argument("--wait-bytes", type=int, metavar="N",
+                   help="with --concurrent: StreamingComparator.WAIT_BYTES (the candidate's records waiting for the "
+                        "reference's; 0: each waits at once, as before 2026-12-04)")
     args = p.parse_args()
     check_workload(p, args)
+    if args.wait_bytes is not None:
+        from ulptrace.comparison import StreamingComparator
+        StreamingComparator.WAIT_BYTES = args.wait_bytes
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
     if args.judge_workers < 0:
@@ -273,7 +280,7 @@ def main() -> None:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
-                              "judge_workers": args.judge_workers,
+                              "judge_workers": args.judge_workers, "wait_bytes": args.wait_bytes,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
@@ -298,11 +305,12 @@ def main() -> None:
     if "P1" in goals:
         run_untraced = untraced_runner(cfg)  # built after the cold run, so that its models are not in P5's peak
         pair_all = [run_untraced() for _ in range(2)]
-        warm_all, waits = [], []
+        warm_all, waits, parts = [], [], []
         for _ in range(args.warm_repeats):  # interleaved with untraced runs: both sides see the host's same moods
             warm_s, _, warm_process = traced(cfg, None, "P1-warm")
             warm_all.append(warm_s)
             waits.append(warm_process.get("waited_for_reference_s"))
+            parts.append(warm_process.get("seconds"))
             pair_all.append(run_untraced())
         warm, pair = min(warm_all), min(pair_all)
         # each warm run over the untraced run right after it, the median: robust to a host whose speed drifts over the
@@ -316,7 +324,8 @@ def main() -> None:
                      "warm_onset_all_s": warm_all, "untraced_pair_all_s": pair_all,
                      "waited_for_reference_s": [process.get("waited_for_reference_s"), *waits],
                      "reference_start_up_s": process.get("reference_start_up_s"),
-                     "candidate_built_s": process.get("candidate_built_s")}
+                     "candidate_built_s": process.get("candidate_built_s"),
+                     "concurrent_seconds": [process.get("seconds"), *parts]}
         print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
               f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved; median of each warm run "
@@ -328,6 +337,9 @@ def main() -> None:
                   f"reference process's " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                                         process["reference_start_up_s"].items())),
               flush=True)
+        if args.concurrent and parts[0]:  # where each side's time went (RemoteTrace.finish), the median of warm runs
+            print("P1 concurrent, warm, medians: " + ", ".join(
+                f"{k} {statistics.median(p[k] for p in parts):.3f} s" for k in parts[0]), flush=True)
     if "P2" in goals:
         st = stats_bandwidth(args.device, args.stats_mib)
         out["P2"] = st

@@ -84,6 +84,9 @@ class _Shipper:
         self.records: list[Record] = []
         self._bytes = 0
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
+        # where this process's shipping time went: packing the arenas, handing them to the queue (which waits while
+        # AHEAD messages are not yet taken: the candidate's side is then the slower one), waiting for live reads
+        self.seconds = {"pack_s": 0.0, "put_s": 0.0, "live_wait_s": 0.0}
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         child_put(self.out, ("metadata", metadata))
@@ -97,7 +100,9 @@ class _Shipper:
         live = self.acks is not None and any(t.nbytes >= self.live_bytes for t in (record.out, *record.inputs.values()))
         if live:  # possibly the model's own value: shipped now, and not left to the model until it has been read
             self._send(record.step, None, record.key)
+            t = time.perf_counter()
             child_get(self.acks, _SENT_ERRORS)
+            self.seconds["live_wait_s"] += time.perf_counter() - t
         elif self._bytes >= self.part_bytes:
             self._send(record.step, None)
 
@@ -109,12 +114,16 @@ class _Shipper:
         """The records held (and ``token``, when the step ends) as arenas (``processes.pack``): a CUDA tensor of a
         quarter part or more, or a live one, shared as it is (no copy), the rest packed into one. ``live``: the key
         of the last record, whose value the other side must read (or copy) and acknowledge."""
+        t0 = time.perf_counter()
         tensors = [t for record in self.records for t in (record.out, *record.inputs.values())]
         arenas, specs = pack([*(() if token is None else (token,)), *tensors],
                              alone_bytes=min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)))
         metas = record_metas(self.records, specs)
         self.records, self._bytes, self._seen = [], 0, set()
+        t1 = time.perf_counter()
         child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
+        self.seconds["pack_s"] += t1 - t0
+        self.seconds["put_s"] += time.perf_counter() - t1
 
 
 def _serve(commands: Any, out: Any, acks: Any) -> None:
@@ -179,15 +188,17 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
             sink.ship(step, logits.argmax(-1, keepdim=True))
 
         with apply_path(model, cfg.reference) as applied:
+            began = time.perf_counter()
             tokens, _ = record_generation(model, cfg, "reference", prompts, applied.info, sink=sink,
                                           on_logits=on_logits)
+            ran = time.perf_counter() - began
             path_info = applied.info  # read after the run: a path may report what ran
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
         child_put(out, ("done", tokens.cpu(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
-                  "start_up": start}))
+                  "start_up": start, "seconds": {"run_s": ran, **sink.seconds}}))
     except Orphaned:
         raise
     except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
@@ -261,6 +272,8 @@ class RemoteTrace:
         # this side says it has read it): still here, and handed out (read once the caller's work has run)
         self._unread: set[tuple[str, int]] = set()
         self._handed: list[tuple[str, int]] = []
+        # this side's time waiting for the reference's messages, and unpacking them (finish() reports them)
+        self.seconds = {"candidate_waited_s": 0.0, "candidate_unpack_s": 0.0}
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -275,16 +288,20 @@ class RemoteTrace:
             raise RuntimeError("the reference process has finished: nothing more will arrive")
         if self.failure is not None:
             raise self.failure
+        t0 = time.perf_counter()
         try:
             item = self._owner.next_message()
         except RuntimeError as exc:
             self.failure = exc
             raise
+        t1 = time.perf_counter()
+        self.seconds["candidate_waited_s"] += t1 - t0
         kind = item[0]
         if kind == "metadata":
             self._metadata = item[1]
         elif kind == "step":
             self._unpack(*item[1:])
+            self.seconds["candidate_unpack_s"] += time.perf_counter() - t1
         elif kind == "done":
             self.done = item[1:]
             self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
@@ -324,9 +341,21 @@ class RemoteTrace:
         for _ in records:
             self._owner.ack()
 
+    def _has(self, key: tuple[str, int]) -> bool:
+        """Whether a read of ``key`` needs nothing more from the reference (its record, or its whole step, is here;
+        the run is done; or what went wrong there is, to be raised)."""
+        return key in self._records or self.done is not None or key[1] in self.tokens or self.failure is not None
+
     def _until(self, key: tuple[str, int]) -> None:
-        while key not in self._records and self.done is None and key[1] not in self.tokens:
+        while not self._has(key):
             self._receive()
+
+    def arrived(self, key: tuple[str, int]) -> bool:
+        """Whether ``pop(key)`` and ``get(key)`` answer without waiting for the reference: the messages that have come
+        are taken first (none is waited for)."""
+        while not self._has(key) and self._owner.message_waiting():
+            self._receive()
+        return self._has(key)
 
     def pop(self, key: tuple[str, int]) -> Record | None:
         self._until(key)
@@ -362,8 +391,13 @@ class RemoteTrace:
         process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
         process was started (``spawned_at``, this process's clock), had its imports (``serving_at``, then
         ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
-        (``model_at``; ``model_shipped``: a twin sent by this process, else built there))."""
+        (``model_at``; ``model_shipped``: a twin sent by this process, else built there)) and ``seconds``, where the
+        run's time went on both sides: the reference's run (``run_s``), in it its packing (``pack_s``), its handing
+        messages to the queue (``put_s``: it waits while ``AHEAD`` are not taken, i.e. while this side is behind) and
+        its waits for live reads; this side's waits for messages (``candidate_waited_s``: the reference is behind)
+        and their unpacking)."""
         self.keys()
+        self.done[-1]["seconds"].update(self.seconds)  # type: ignore[index]
         return self.done  # type: ignore[return-value]
 
 
@@ -453,6 +487,10 @@ class ReferenceProcess:
         if self._worker is not None:
             self._worker.process.kill()
             self._worker.process.join()
+
+    def message_waiting(self) -> bool:
+        """Whether a message of the reference process has come (``next_message`` would not wait for one)."""
+        return self._worker is not None and not self._worker.messages.empty()
 
     def next_message(self) -> tuple:
         worker = self._worker

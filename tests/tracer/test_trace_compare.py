@@ -68,7 +68,7 @@ def test_bad_trace_directories_fail_clearly(reference, tmp_path) -> None:
         load_trace(tmp_path / "missing")
     bad = tmp_path / "truncated"
     shutil.copytree(path, bad)
-    shard = sorted(bad.glob("*.safetensors"))[0]
+    shard = min(bad.glob("*.safetensors"))
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(TraceError, match="truncated"):
         load_trace(bad)
@@ -328,3 +328,78 @@ def test_a_trace_of_views_sharing_a_storage_saves_and_loads_bitwise(tmp_path) ->
         other = loaded[record.key]
         assert torch.equal(_bits(other.out), _bits(record.out)) and other.inputs.keys() == record.inputs.keys()
         assert all(torch.equal(_bits(other.inputs[k]), _bits(v)) for k, v in record.inputs.items())
+
+
+class _Arriving:
+    """A streaming reference (as ``ulptrace.concurrent.RemoteTrace``) whose records arrive when the test says: a read
+    of one not arrived yet is a wait, counted (the real one blocks until the reference's process has sent it)."""
+
+    streaming = True
+
+    def __init__(self, trace) -> None:
+        self.trace, self.metadata = trace, trace.metadata
+        self.here: set = set()
+        self.waits: list = []
+
+    def arrived(self, key) -> bool:
+        return key in self.here
+
+    def pop(self, key):
+        if key not in self.here:
+            self.waits.append(key)
+            self.here.add(key)
+        return self.trace.get(key)
+
+    def keys(self):
+        return [r.key for r in self.trace]
+
+
+def test_a_streaming_reference_does_not_stop_the_candidate_until_its_records_arrive(reference, monkeypatch) -> None:
+    """onset --concurrent: a candidate record whose reference record has not arrived waits in order (its reference's
+    process has not finished that step), instead of stopping the candidate's run; compared once it has arrived, at the
+    end, when the waiting records pass WAIT_BYTES, or before a live value's add returns. Same report as a stored
+    comparison, same order."""
+    from ulptrace.trace import Record
+
+    records = list(reference)
+    # the candidate differs at one record by one ULP (its first element's bit pattern + 1), so figures are not trivial
+    bumped = records[3].out.clone()
+    _bits(bumped).view(-1)[0] += 1
+    cand = [Record(r.site, r.step, r.kind, r.layer, bumped if i == 3 else r.out.clone(),
+                   {k: v.clone() for k, v in r.inputs.items()}) for i, r in enumerate(records)]
+    stored = compare(reference, cand).to_json()
+    assert stored["first_difference"]["site"] == records[3].site
+
+    ref = _Arriving(reference)
+    sink = StreamingComparator(ref, release=True)
+    for r in cand[:5]:
+        sink.add(r)
+    assert ref.waits == [] and len(sink._waiting) == 5 and sink._pending == []  # nothing read yet, nothing waited
+    ref.here.update(r.key for r in records[:3])
+    sink.add(cand[5])  # the first three have arrived: compared, in order; the rest wait
+    assert [p.key[:2] for p in sink._pending] == [(r.site, r.step) for r in records[:3]] and len(sink._waiting) == 3
+    for r in cand[6:]:
+        sink.add(r)
+    streamed = sink.finish().to_json()  # the rest waited for here
+    assert ref.waits == [r.key for r in records[3:]]
+    stored.pop("candidate"), streamed.pop("candidate")
+    assert streamed == stored
+
+    # more than WAIT_BYTES waiting: the oldest is waited for
+    monkeypatch.setattr(StreamingComparator, "WAIT_BYTES", 1)
+    ref = _Arriving(reference)
+    sink = StreamingComparator(ref, release=True)
+    sink.add(cand[0])
+    sink.add(cand[1])
+    assert ref.waits == [records[0].key, records[1].key] and not sink._waiting
+    monkeypatch.undo()
+
+    # a live value (the model's own, valid while add runs) is compared before add returns, with all before it
+    ref = _Arriving(reference)
+    sink = StreamingComparator(ref, release=True)
+    sink.live_bytes = max(t.nbytes for t in (cand[2].out, *cand[2].inputs.values()))
+    sink.add(cand[0])
+    sink.add(cand[1])
+    assert ref.waits == [] and len(sink._waiting) == 2
+    sink.add(cand[2])
+    assert ref.waits == [r.key for r in records[:3]] and not sink._waiting and len(sink._pending) == 3
