@@ -12,7 +12,9 @@ two threads share the interpreter's lock), two processes are. Before building th
    candidate recorded and compared by ``run_onset``'s streaming comparison against a reference that its process
    recorded before (untimed) — each side's traced work, both at once. What it leaves out: moving the reference's
    records from one process to the other (one arena per step through CUDA IPC, to be measured when built) and the
-   candidate waiting for the reference's next token (it runs one step behind).
+   candidate waiting for the reference's next token (it runs one step behind);
+4. ``one at a time``: the same untraced and traced work of each side with the other side waiting (what running at once
+   costs each side, in the same processes: two CUDA contexts time-sliced on one GPU, the host's shared caches).
 
 Each figure is the median over ``--repeats`` rounds of the round's wall time (both sides start at a barrier; a round
 ends when the slower one does) over the sequential pair; the processes build their own models (the same seeds).
@@ -33,6 +35,9 @@ import torch
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+PHASES = ("untraced", "traced", "untraced_alone", "traced_alone")  # the last two: one side at a time, the other waiting
 
 
 def _side(role: str, cfg, repeats: int, barrier, results) -> None:
@@ -76,18 +81,24 @@ def _side(role: str, cfg, repeats: int, barrier, results) -> None:
             prepare()
             traced()
             _sync(cfg.device)
-            times: dict[str, list[float]] = {"untraced": [], "traced": []}
-            for name, run in (("untraced", untraced), ("traced", traced)):
+            times: dict[str, list[float]] = {name: [] for name in PHASES}
+            for name in PHASES:
+                run = traced if name.startswith("traced") else untraced
+                alone = name.endswith("alone")
                 for _ in range(repeats):
-                    if name == "traced":
+                    if run is traced:
                         prepare()
                         _sync(cfg.device)
                     barrier.wait()
+                    if alone and role == "candidate":  # the reference's turn first
+                        barrier.wait()
                     t0 = time.perf_counter()
                     run()
                     _sync(cfg.device)
                     times[name].append(time.perf_counter() - t0)
-            results.put((role, times["untraced"], times["traced"]))
+                    if alone and role == "reference":
+                        barrier.wait()
+            results.put((role, *(times[name] for name in PHASES)))
     except BaseException as exc:  # noqa: BLE001 — reported to the parent, which fails with it
         barrier.abort()
         results.put((role, f"{type(exc).__name__}: {exc}"))
@@ -133,6 +144,10 @@ def main() -> None:
         out["rounds"][name], out["ratios"][name] = rounds, statistics.median(rounds) / base
         print(f"{name:20s} median {statistics.median(rounds):.3f} s = {out['ratios'][name]:.2f}x the sequential pair "
               f"(reference {statistics.median(ref):.3f} s, candidate {statistics.median(cand):.3f} s)")
+    for k, name in ((2, "untraced"), (3, "traced")):  # what running at once costs each side: its time alone against it
+        ref, cand = got["reference"][k], got["candidate"][k]
+        print(f"{name + ', one at a time':20s} reference {statistics.median(ref):.3f} s, candidate "
+              f"{statistics.median(cand):.3f} s (the other side waiting)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -261,14 +261,8 @@ def main() -> None:
                         "(onset's --concurrent); the untraced base still runs the pair one after the other")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
-    p.add_argument("--wait-bytes", type=int, metavar="N",
-                   help="with --concurrent: StreamingComparator.WAIT_BYTES (the candidate's records waiting for the "
-                        "reference's; 0: each waits at once, as before 2026-12-04)")
     args = p.parse_args()
     check_workload(p, args)
-    if args.wait_bytes is not None:
-        from ulptrace.comparison import StreamingComparator
-        StreamingComparator.WAIT_BYTES = args.wait_bytes
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
     if args.judge_workers < 0:
@@ -280,7 +274,7 @@ def main() -> None:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
-                              "judge_workers": args.judge_workers, "wait_bytes": args.wait_bytes,
+                              "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones

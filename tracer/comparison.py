@@ -30,7 +30,6 @@ by thousands of its own ULPs when its inputs move by one, which is nothing for i
 
 from __future__ import annotations
 
-import collections
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -560,10 +559,6 @@ class StreamingComparator:
     # 4,096 records' pending statistics hold ~1 MiB of result slabs on the device
     BATCH = 4096
     live_bytes = LIVE_BYTES
-    # a streaming reference's records arrive a step (or a part of one) at a time, when its process has made them: the
-    # candidate's records wait for theirs in order, up to this many bytes, rather than the candidate's run stopping at
-    # its first record of a step until the reference has finished that step (its prefill then waited for the other's)
-    WAIT_BYTES = 256 << 20
 
     def __init__(self, reference: Any, *, judge: SiteJudge | None = None, max_ulp: int = 0,
                  metadata: dict[str, Any] | None = None, release: bool = False,
@@ -582,11 +577,6 @@ class StreamingComparator:
         self._pending: list[_PendingDiff] = []
         self._known = KnownPairs()
         self._batch = StatsBatch()
-        # a reference that streams in and can say whether a record has arrived (ulptrace.concurrent.RemoteTrace):
-        # the candidate's records wait for theirs here rather than stopping the candidate's run
-        self._arrived = getattr(reference, "arrived", None) if getattr(reference, "streaming", False) else None
-        self._waiting: collections.deque[Record] = collections.deque()
-        self._waiting_bytes = 0
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         """Called by the recorder on entry: the candidate run's metadata."""
@@ -594,22 +584,6 @@ class StreamingComparator:
 
     def add(self, record: Record) -> None:
         self._seen.add(record.key)
-        live = self.live_bytes
-        is_live = record.out.nbytes >= live or any(t.nbytes >= live for t in record.inputs.values())
-        if self._arrived is None:
-            self._compare(record, is_live)
-            return
-        # a streaming reference: the record waits its turn (order is the report's), compared once the reference's
-        # has arrived; a live value is compared before add returns (Sink.live_bytes), so it waits for its reference
-        self._waiting.append(record)
-        self._waiting_bytes += _record_bytes(record)
-        while self._waiting and (is_live or self._waiting_bytes > self.WAIT_BYTES
-                                 or self._arrived(self._waiting[0].key)):
-            first = self._waiting.popleft()
-            self._waiting_bytes -= _record_bytes(first)
-            self._compare(first, first is record and is_live)
-
-    def _compare(self, record: Record, live: bool) -> None:
         ref = self.reference.pop(record.key) if self.release else self.reference.get(record.key)
         if ref is None:
             self.result.extra.append({"site": record.site, "step": record.step})
@@ -618,7 +592,8 @@ class StreamingComparator:
         if isinstance(diff, dict):
             self.result.mismatched.append(diff)
             return
-        if live:
+        live = self.live_bytes
+        if record.out.nbytes >= live or any(t.nbytes >= live for t in record.inputs.values()):
             self._batch.launch()  # it may hold the model's own values (Sink.live_bytes): read them now
         self._pending.append(diff)  # its statistics are read, with the next ones', without stalling the run
         if len(self._pending) >= self.BATCH:
@@ -629,10 +604,6 @@ class StreamingComparator:
         self._pending = []
 
     def finish(self) -> Comparison:
-        while self._waiting:
-            first = self._waiting.popleft()
-            self._compare(first, False)
-        self._waiting_bytes = 0
         self._flush()
         if self._keys is not None:
             keys = self._keys
@@ -640,10 +611,6 @@ class StreamingComparator:
             keys = self.reference.keys() if hasattr(self.reference, "keys") else [r.key for r in self.reference]
         self.result.missing = [{"site": s, "step": t} for s, t in keys if (s, t) not in self._seen]
         return self.result
-
-
-def _record_bytes(record: Record) -> int:
-    return record.out.nbytes + sum(t.nbytes for t in record.inputs.values())
 
 
 def compare(reference: Trace | Any, candidate: Trace | Iterable[Record], *, judge: SiteJudge | None = None,

@@ -341,21 +341,9 @@ class RemoteTrace:
         for _ in records:
             self._owner.ack()
 
-    def _has(self, key: tuple[str, int]) -> bool:
-        """Whether a read of ``key`` needs nothing more from the reference (its record, or its whole step, is here;
-        the run is done; or what went wrong there is, to be raised)."""
-        return key in self._records or self.done is not None or key[1] in self.tokens or self.failure is not None
-
     def _until(self, key: tuple[str, int]) -> None:
-        while not self._has(key):
+        while key not in self._records and self.done is None and key[1] not in self.tokens:
             self._receive()
-
-    def arrived(self, key: tuple[str, int]) -> bool:
-        """Whether ``pop(key)`` and ``get(key)`` answer without waiting for the reference: the messages that have come
-        are taken first (none is waited for)."""
-        while not self._has(key) and self._owner.message_waiting():
-            self._receive()
-        return self._has(key)
 
     def pop(self, key: tuple[str, int]) -> Record | None:
         self._until(key)
@@ -487,10 +475,6 @@ class ReferenceProcess:
         if self._worker is not None:
             self._worker.process.kill()
             self._worker.process.join()
-
-    def message_waiting(self) -> bool:
-        """Whether a message of the reference process has come (``next_message`` would not wait for one)."""
-        return self._worker is not None and not self._worker.messages.empty()
 
     def next_message(self) -> tuple:
         worker = self._worker

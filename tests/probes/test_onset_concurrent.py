@@ -36,6 +36,10 @@ def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
     assert _essentials(concurrent) == _essentials(sequential)
     assert concurrent["sites"], "records were compared"
     assert "reference_process" in concurrent["run"]  # the reference's process reported back
+    # where both sides' time went: the reference's packing and queue puts are parts of its run
+    seconds = concurrent["run"]["reference_process"]["seconds"]
+    assert set(seconds) == {"run_s", "pack_s", "put_s", "live_wait_s", "candidate_waited_s", "candidate_unpack_s"}
+    assert min(seconds.values()) >= 0 and 0 < seconds["pack_s"] + seconds["put_s"] < seconds["run_s"]
 
 
 def test_a_step_shipped_in_parts_reports_what_the_sequential_onset_does(monkeypatch) -> None:
