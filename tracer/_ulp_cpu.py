@@ -32,10 +32,13 @@ from typing import Any
 import torch
 
 SOURCE = Path(__file__).with_name("_ulp_cpu.c")
-PARALLEL_ELEMENTS = 1 << 16
-"""Pairs of at least this many elements are split over threads (smaller ones cost less than a thread hand-off).
-Measured on 2 shared cores with the record pairs of a tiny-qwen3.5 onset (8 x 128, 16 steps): its 159 pairs of 64K
-elements or more took 0.139 s split, 0.163 s whole."""
+PARALLEL_ELEMENTS = 1 << 20
+"""Pairs of at least this many elements are split over threads (smaller ones cost less than a thread hand-off, which
+takes ~0.15-0.25 ms on 2 shared cores). Measured there with the 138 record pairs of 64K elements or more of a
+tiny-qwen3.5 onset (8 x 128, 16 steps; 17.7M elements, most of them equal): 57-73 ms split from 64K elements on,
+29-34 ms from 1M on or never (the vectorized pass of 2026-12-04 made a pair 2-4x cheaper than when 64K was chosen:
+39-52 us whole for a 66K-element cache record without row statistics, 200-260 us split); one differing 524K-element
+pair with row statistics took 1.21 ms whole, 1.09 ms split."""
 BASE_FLAGS = ("-O3", "-fno-trapping-math", "-shared", "-fPIC")
 NATIVE_FLAGS = (("-march=native",), ("-mcpu=native",), ())  # tried in order: x86 and most compilers, some ARM ones, none
 _state: dict[str, Any] = {}
