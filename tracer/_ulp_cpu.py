@@ -107,9 +107,9 @@ def unavailable_reason() -> str | None:
 
 
 def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int]:
-    """The 32 int64 slots of ``RECORD_LAYOUT`` (each bucket's codes at its first) for two CPU bit-pattern tensors
-    of the format ``fmt`` (``ulptrace.ulp.FloatFormat``; rows are the last dimension; ``rows=False`` leaves the row
-    slots 0).
+    """The 32 int64 slots of ``RECORD_LAYOUT`` (each bucket's codes at its first) for two CPU tensors of the format
+    ``fmt`` (``ulptrace.ulp.FloatFormat``): its values or their bit patterns, the memory is read as bit patterns
+    either way (rows are the last dimension; ``rows=False`` leaves the row slots 0).
 
     Raises:
         RuntimeError: :func:`library` is None.

@@ -878,10 +878,10 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
         pending = single.add(*pair)
         single.launch()
         return pending
-    ba, bb = bits(a), bits(b)
     compiled = _cpu_stats() if a.device.type == "cpu" and n > 0 else None
-    if compiled is not None:  # one compiled pass (ulptrace._ulp_cpu)
-        return PendingStats(_from_slots(compiled(ba, bb, fmt, rows=rows), n, rows))
+    if compiled is not None:  # one compiled pass (ulptrace._ulp_cpu): it reads the memory as bit patterns itself
+        return PendingStats(_from_slots(compiled(a, b, fmt, rows=rows), n, rows))
+    ba, bb = bits(a), bits(b)
     if torch.equal(ba, bb):
         row_hist = dict.fromkeys(ROW_HISTOGRAM_BUCKETS, 0)
         row_hist["0"] = n
