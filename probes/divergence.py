@@ -324,13 +324,13 @@ def check_resumable(report: Any, schema: str, ours: dict[str, Any]) -> None:
     if not isinstance(report, dict) or report.get("schema") != schema:
         found = report.get("schema") if isinstance(report, dict) else type(report).__name__
         raise ValueError(f"--resume: expected a report of schema {schema!r}, but found {found!r}")
-    for field, value in ours.items():
-        theirs = report.get("grid", {}).get(field[5:]) if field.startswith("grid.") else report.get(field)
+    for name, value in ours.items():
+        theirs = report.get("grid", {}).get(name[5:]) if name.startswith("grid.") else report.get(name)
         if theirs is None and value is not None:
-            raise ValueError(f"--resume: the report does not record {field} (written by an older ulptrace?), so "
-                             f"its rows cannot be shown to belong to this run ({field} {value!r} here)")
+            raise ValueError(f"--resume: the report does not record {name} (written by an older ulptrace?), so "
+                             f"its rows cannot be shown to belong to this run ({name} {value!r} here)")
         if theirs != value:
-            raise ValueError(f"--resume: the report is of another run: {field} is {theirs!r} there, {value!r} here")
+            raise ValueError(f"--resume: the report is of another run: {name} is {theirs!r} there, {value!r} here")
 
 
 def check_values(flag: str, values: Sequence[Any], *, minimum: int | None = None, kind: str = "value") -> None:

@@ -259,9 +259,9 @@ def render(data: dict[str, Any], all_rows: bool = False) -> str:
         for t in data["trees"][:12]:
             s = (t["findings"] or {}).get("summary")
             if s:
-                side = lambda k: (f"{len(s[k])} orders, e.g. {', '.join(s[k][:2])}" if s[k] else "none")
-                lines.append(f"  step {t['step']} {t['site']}: reference {side('reference')} | candidate "
-                             f"{side('candidate')}")
+                ref, cand = (f"{len(s[k])} orders, e.g. {', '.join(s[k][:2])}" if s[k] else "none"
+                             for k in ("reference", "candidate"))
+                lines.append(f"  step {t['step']} {t['site']}: reference {ref} | candidate {cand}")
     lines += ["", "Conclusion: " + data["conclusion"]]
     return "\n".join(lines)
 

@@ -135,3 +135,19 @@ def test_wrong_epsilon_is_an_error(tmp_path) -> None:
     first = next(s for s in data["sites"] if s["verdicts"] and s["verdicts"]["error"])
     assert first["max_error_ulp"] >= 1
     assert data["onset"] is not None and "error" in data["conclusion"]
+
+
+def test_the_text_report_names_the_reduction_orders_reproducing_each_side(monkeypatch) -> None:
+    """Each tie row's site lists how many FP32 orders reproduce each side bit for bit, with the first two named."""
+    import ulptrace.report as report
+    from ulptrace.probes.norm_rounding import render
+
+    monkeypatch.setattr(report, "to_table", lambda data, all_rows=False: "TABLE")
+    data = {"conclusion": "C.", "trees": [
+        {"step": 1, "site": "layers.0.input_layernorm", "findings": {"summary": {
+            "reference": ["sequential", "pairwise", "blocked:t32"], "candidate": []}}},
+        {"step": 2, "site": "layers.1.input_layernorm", "findings": None}]}
+    lines = render(data).splitlines()
+    assert ("  step 1 layers.0.input_layernorm: reference 3 orders, e.g. sequential, pairwise | candidate none"
+            in lines)
+    assert not any("layers.1" in line for line in lines)  # no findings, no line
