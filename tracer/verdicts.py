@@ -34,6 +34,11 @@ STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
 STACK_ELEMENTS = 1 << 22
 """Most output elements in one stack of records judged together (its replay holds some tens of float64 values of
 this size)."""
+CPU_STACK_ELEMENTS = 1 << 18
+"""On a CPU, most output elements in one stack: its replay's elementwise float64 passes then run from cache, as the
+oracle's attention blocks do (``ulptrace.oracle.attention.CPU_BLOCK_SCORES``). ``bench/bench_stacked.py --model
+qwen3.5-0.8b --new-tokens 2`` on 2 shared cores (728 pairs), stacked against one by one: 0.74x as fast with stacks of
+4M elements, 0.94x of 1M, 1.03x of 256K, 0.90x of 64K (same answers each time)."""
 STACK_RECORDS = 64
 """Most records in one stack."""
 STACK_OWN_BYTES = 1 << 31
@@ -193,7 +198,7 @@ class OracleJudge:
         for group in groups.values():
             if group[0][1].own:  # a layer's records side by side: its weights held once while its records last
                 group.sort(key=lambda item: (item[1].site.layer, item[0]))
-            cap = _stack_cap(math.prod(group[0][1].candidate.out.shape[1:]))
+            cap = _stack_cap(math.prod(group[0][1].candidate.out.shape[1:]), group[0][1].candidate.out.is_cuda)
             stack: list[tuple[int, _Part | None]] = []
             units = held = 0
             own: set[int] = set()  # the per-record tensors the stack holds (each once, in float64 while judged)
@@ -601,9 +606,11 @@ def _answer(result: Any, histogram: Any, exact_elsewhere: int = 0, width: bool =
     return out
 
 
-def _stack_cap(elements: int) -> int:
-    """How many units of ``elements`` output elements each one stack holds: a power of two."""
-    cap = max(1, STACK_ELEMENTS // max(elements, 1))
+def _stack_cap(elements: int, cuda: bool = True) -> int:
+    """How many units of ``elements`` output elements each one stack holds: a power of two (on a CPU, within
+    :data:`CPU_STACK_ELEMENTS` too)."""
+    limit = STACK_ELEMENTS if cuda else min(STACK_ELEMENTS, CPU_STACK_ELEMENTS)
+    cap = max(1, limit // max(elements, 1))
     return 1 << (cap.bit_length() - 1)
 
 
