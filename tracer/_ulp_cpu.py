@@ -106,7 +106,7 @@ def unavailable_reason() -> str | None:
     return None if library() is not None else _state.get("why")
 
 
-def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int]:
+def stats(a: torch.Tensor, b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int]:
     """The 32 int64 slots of ``RECORD_LAYOUT`` (each bucket's codes at its first) for two CPU tensors of the format
     ``fmt`` (``ulptrace.ulp.FloatFormat``): its values or their bit patterns, the memory is read as bit patterns
     either way (rows are the last dimension; ``rows=False`` leaves the row slots 0).
@@ -117,7 +117,7 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, rows: bool) -
     lib = library()
     if lib is None:
         raise RuntimeError(f"the compiled ULP statistics are unavailable: {unavailable_reason()}")
-    a, b = bits_a.contiguous(), bits_b.contiguous()
+    a, b = a.contiguous(), b.contiguous()
     n_cols = a.shape[-1] if a.dim() else 1
     n_rows = a.numel() // max(n_cols, 1)
     function = getattr(lib, _FUNCTIONS[a.element_size()])

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 from ulptrace.comparison import bitwise_equal
+from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
@@ -33,12 +34,7 @@ STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
 (and a row-wise kind each row) alone."""
 STACK_ELEMENTS = 1 << 22
 """Most output elements in one stack of records judged together (its replay holds some tens of float64 values of
-this size)."""
-CPU_STACK_ELEMENTS = 1 << 18
-"""On a CPU, most output elements in one stack: its replay's elementwise float64 passes then run from cache, as the
-oracle's attention blocks do (``ulptrace.oracle.attention.CPU_BLOCK_SCORES``). ``bench/bench_stacked.py --model
-qwen3.5-0.8b --new-tokens 2`` on 2 shared cores (728 pairs), stacked against one by one: 0.74x as fast with stacks of
-4M elements, 0.94x of 1M, 1.03x of 256K, 0.90x of 64K (same answers each time)."""
+this size; on a CPU cache-sized, ``ulptrace.oracle.intervals.CPU_PASS_ELEMENTS``)."""
 STACK_RECORDS = 64
 """Most records in one stack."""
 STACK_OWN_BYTES = 1 << 31
@@ -606,11 +602,10 @@ def _answer(result: Any, histogram: Any, exact_elsewhere: int = 0, width: bool =
     return out
 
 
-def _stack_cap(elements: int, cuda: bool = True) -> int:
-    """How many units of ``elements`` output elements each one stack holds: a power of two (on a CPU, within
-    :data:`CPU_STACK_ELEMENTS` too)."""
-    limit = STACK_ELEMENTS if cuda else min(STACK_ELEMENTS, CPU_STACK_ELEMENTS)
-    cap = max(1, limit // max(elements, 1))
+def _stack_cap(elements: int, cuda: bool) -> int:
+    """How many units of ``elements`` output elements each one stack holds: a power of two, within
+    :data:`STACK_ELEMENTS` (cache-sized on a CPU: ``intervals.elements_at_once``)."""
+    cap = max(1, elements_at_once(STACK_ELEMENTS, cuda) // max(elements, 1))
     return 1 << (cap.bit_length() - 1)
 
 

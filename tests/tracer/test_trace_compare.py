@@ -328,4 +328,3 @@ def test_a_trace_of_views_sharing_a_storage_saves_and_loads_bitwise(tmp_path) ->
         other = loaded[record.key]
         assert torch.equal(_bits(other.out), _bits(record.out)) and other.inputs.keys() == record.inputs.keys()
         assert all(torch.equal(_bits(other.inputs[k]), _bits(v)) for k, v in record.inputs.items())
-

@@ -25,8 +25,8 @@ FP32). Stages that hypotheses can add (``stages``):
 - ``"flash"`` -- the unnormalised probabilities rounded (the widening described above).
 
 Query rows are independent (each has its own scores, softmax and ``P @ V``), so the replay runs in blocks of
-rows (:data:`BLOCK_SCORES`; smaller on a CPU, :data:`CPU_BLOCK_SCORES`) and memory does not grow with the square of
-the prompt.
+rows (:data:`BLOCK_SCORES`; on a CPU cache-sized, ``intervals.CPU_PASS_ELEMENTS``) and memory does not grow with
+the square of the prompt.
 """
 
 from __future__ import annotations
@@ -58,12 +58,6 @@ BLOCK_SCORES = 1 << 22
 """Score elements (batch x heads x query rows x keys) replayed at once: the oracle judges attention in blocks of
 query rows, so its float64 intermediates stay bounded (about 4M elements, a few hundred MB with their
 temporaries) whatever the prompt length."""
-
-CPU_BLOCK_SCORES = 1 << 18
-"""On a CPU, blocks of at most this many score elements: the replay's few dozen elementwise float64 passes over a
-block then run from cache (2 MB a temporary) rather than from memory. tiny-llama, one 4,096-token prompt, an onset
-judged by default on 2 shared cores: 66.4 s with blocks of 4M, 31.4 s of 1M, 29.5 s of 256K, 28.6 s of 128K, 32.6 s
-of 64K (the same report each time). A GPU keeps :data:`BLOCK_SCORES` (fewer, larger launches)."""
 
 
 def _narrow_of(dtype: torch.dtype) -> torch.dtype | None:
@@ -155,8 +149,7 @@ def replay_attention(
 
     # blocks of query rows, so the float64 score intervals held at once stay bounded (BLOCK_SCORES elements)
     per_row = max(1, q.lo.numel() // max(queries * head_dim, 1) * keys)
-    limit = BLOCK_SCORES if q.lo.is_cuda else min(BLOCK_SCORES, CPU_BLOCK_SCORES)
-    block = max(1, limit // per_row)
+    block = max(1, I.elements_at_once(BLOCK_SCORES, q.lo.is_cuda) // per_row)
     parts = [rows(first, min(first + block, queries)) for first in range(0, queries, block)]
     if len(parts) == 1:
         return (parts[0],) + (None,) * (outputs - 1)

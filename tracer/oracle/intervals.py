@@ -50,6 +50,19 @@ NARROW_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float
 
 F64 = torch.float64
 
+CPU_PASS_ELEMENTS = 1 << 18
+"""On a CPU, most elements the replay holds per float64 value at once (attention's score blocks, a stack of records):
+its few dozen elementwise passes then run from cache (2 MB a temporary) rather than from memory. On 2 shared cores:
+tiny-llama, one 4,096-token prompt, an onset judged by default took 66.4 s with attention blocks of 4M score
+elements, 31.4 s of 1M, 29.5 s of 256K, 28.6 s of 128K, 32.6 s of 64K; ``bench/bench_stacked.py --model qwen3.5-0.8b
+--new-tokens 2`` (728 pairs), stacked against one by one, 0.74x as fast with stacks of 4M output elements, 0.94x of
+1M, 1.03x of 256K, 0.90x of 64K (the same answers each time). A GPU keeps its larger bounds (fewer, larger launches)."""
+
+
+def elements_at_once(limit: int, cuda: bool) -> int:
+    """``limit`` (a bound on the elements replayed at once) on a GPU; on a CPU at most :data:`CPU_PASS_ELEMENTS`."""
+    return limit if cuda else min(limit, CPU_PASS_ELEMENTS)
+
 
 def gamma(k: int) -> float:
     """``k*u/(1-k*u)`` with ``u = 2**-24``, plus ``k * 2**-52`` for the float64 evaluation of the bound.
