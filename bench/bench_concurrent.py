@@ -113,6 +113,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     check_workload(p, args)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     from ulptrace.run import RunConfig
 
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,

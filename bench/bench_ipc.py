@@ -32,6 +32,8 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=40)
     p.add_argument("--mib", type=int, default=16)
     args = p.parse_args()
+    if args.messages < 3 or args.mib < 1:  # the first two messages are left out of the medians
+        p.error(f"--messages must be >= 3 and --mib >= 1, but got {args.messages} and {args.mib}")
     context = torch.multiprocessing.get_context("spawn")
     queue = context.Queue(maxsize=4)
     proc = context.Process(target=_producer, args=(queue, args.messages, args.mib))
