@@ -17,9 +17,12 @@ left, ``shutdown`` stops it). A new one imports what building the model needs wh
 sent a twin of this side's fresh model (``start``; its memory shared, the weights not drawn again: the parameter
 checksums in both sides' metadata say they are the same), applies the reference path and records its generation with a
 sink that ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the
-tensors packed into one byte arena (one device copy, shared with this process through CUDA IPC or shared memory —
-per-tensor sharing costs more than small records; a large one is shared as it is), the records as offsets into it,
-and, with the step's last part, the token the reference chose. A value of ``LIVE_BYTES`` or more (a long prompt's
+tensors in byte arenas shared with this process through CUDA IPC or shared memory (per-tensor sharing costs more than
+small records): the recorder's copies are made straight into them (``processes.Arenas``, the sink's ``copy``), what
+else a record holds is packed into one more (one device copy; a large one is shared as it is), the records travel as
+offsets into them, and, with the step's last part, the token the reference chose. This side holds a message's CUDA
+arenas until no view of them is left and the device has read them, then lets them go while a stream nothing runs on
+is current (``RemoteTrace._let_go``): torch synchronises the current stream when received CUDA memory ends. A value of ``LIVE_BYTES`` or more (a long prompt's
 logits) reaches that sink uncopied, as the model left it: it is shipped at once and the reference waits until this
 process has read it (or, not taken yet, copied it) and says so — so a long prefill's logits are not copied there.
 This process reads them as
@@ -32,6 +35,7 @@ process is raised here with its traceback; a process that dies without a word is
 from __future__ import annotations
 
 import atexit
+import collections
 import math
 import os
 import time
@@ -42,6 +46,7 @@ import torch
 from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
+    Arenas,
     Orphaned,
     Unpacked,
     child_get,
@@ -82,6 +87,7 @@ class _Shipper:
         if acks is not None:
             self.live_bytes = live_bytes or LIVE_BYTES  # Sink.live_bytes, read by the recorder
         self.records: list[Record] = []
+        self._written = Arenas()  # the recorder's copies, made where they are shipped from (Sink.copy)
         self._bytes = 0
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
         # where this process's shipping time went: packing the arenas, handing them to the queue (which waits while
@@ -90,6 +96,10 @@ class _Shipper:
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         child_put(self.out, ("metadata", metadata))
+
+    def copy(self, value: torch.Tensor) -> torch.Tensor | None:
+        """The recorder's copy of an observed value, written into the arena the next message ships (Sink.copy)."""
+        return self._written.copy(value)
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -108,16 +118,19 @@ class _Shipper:
 
     def ship(self, step: int, token: torch.Tensor) -> None:
         """The step's records not yet shipped and the reference's token at ``step``: the step is whole there."""
-        self._send(step, token)
+        copy = self._written.copy(token)  # in the arena with the step's records: no arena of its own
+        self._send(step, token if copy is None else copy)
 
     def _send(self, step: int, token: torch.Tensor | None, live: tuple[str, int] | None = None) -> None:
-        """The records held (and ``token``, when the step ends) as arenas (``processes.pack``): a CUDA tensor of a
-        quarter part or more, or a live one, shared as it is (no copy), the rest packed into one. ``live``: the key
-        of the last record, whose value the other side must read (or copy) and acknowledge."""
+        """The records held (and ``token``, when the step ends) as arenas (``processes.pack``): the ones the
+        recorder's copies were made in, read where they are; a CUDA tensor of a quarter part or more, or a live one,
+        shared as it is (no copy); the rest packed into one. ``live``: the key of the last record, whose value the
+        other side must read (or copy) and acknowledge."""
         t0 = time.perf_counter()
         tensors = [t for record in self.records for t in (record.out, *record.inputs.values())]
         arenas, specs = pack([*(() if token is None else (token,)), *tensors],
-                             alone_bytes=min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)))
+                             alone_bytes=min(self.part_bytes // 4, getattr(self, "live_bytes", math.inf)),
+                             written=self._written)
         metas = record_metas(self.records, specs)
         self.records, self._bytes, self._seen = [], 0, set()
         t1 = time.perf_counter()
@@ -274,6 +287,12 @@ class RemoteTrace:
         self._handed: list[tuple[str, int]] = []
         # this side's time waiting for the reference's messages, and unpacking them (finish() reports them)
         self.seconds = {"candidate_waited_s": 0.0, "candidate_unpack_s": 0.0}
+        # the CUDA arenas of the messages taken, a list a message, held here until no view of them is left and the
+        # device has read them (_let_go): torch's end of a CUDA IPC memory synchronises the current stream, which
+        # stops this side's run at every message if the last view of one goes while the run goes on
+        self._held: list[list[torch.Tensor]] = []
+        self._unused: collections.deque[tuple[torch.cuda.Event, list[list[torch.Tensor]]]] = collections.deque()
+        self._quiet: torch.cuda.Stream | None = None  # a stream nothing runs on: what those synchronisations wait for
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -284,6 +303,7 @@ class RemoteTrace:
     def _receive(self) -> None:
         """Take the next message of the reference process (waiting for it), or raise what went wrong there."""
         self._release_live()
+        self._let_go()
         if self.done is not None:
             raise RuntimeError("the reference process has finished: nothing more will arrive")
         if self.failure is not None:
@@ -312,12 +332,14 @@ class RemoteTrace:
     def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list,
                 live: tuple[str, int] | None) -> None:
         views = Unpacked(arenas)
+        if any(a is not None and a.is_cuda for a in arenas):
+            self._held.append([a for a in arenas if a is not None])
         for meta in metas:
             record = views.record(meta)
             self._records[record.key] = record
             self._order.append(record.key)
-        if token is not None:  # the step's last part
-            self.tokens[step] = views.tensor(token)
+        if token is not None:  # the step's last part: the token kept as a copy (a view would keep its arena here)
+            self.tokens[step] = views.tensor(token).clone()
         if live is not None:
             self._unread.add(tuple(live))
 
@@ -336,10 +358,34 @@ class RemoteTrace:
         records = [*self._unread, *self._handed]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the reads (and the copies) done before the memory goes back
+            self._let_go(wait=True)  # the live values' arenas among them: no longer held here
         self._unread.clear()
         self._handed.clear()
         for _ in records:
             self._owner.ack()
+
+    def _let_go(self, wait: bool = False) -> None:
+        """Give back to the reference the arenas of messages no view of which is left here (their storages used by
+        the arenas held alone), once the device has read them (an event recorded when they were found unused;
+        ``wait``: waiting for it). Their memory goes while a stream nothing runs on is the current one, so torch's
+        synchronisation at an IPC memory's end waits for nothing: the event already says that this side's reads of it
+        are done. An arena a view still holds is kept (a record kept for the oracle, say); if the counts are ever
+        wrong, letting go of an arena a view holds only leaves its end to that view (torch's own synchronisation)."""
+        unused = _unused(self._held)
+        if unused:
+            ids = {id(arenas) for arenas in unused}
+            self._held = [arenas for arenas in self._held if id(arenas) not in ids]
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(unused[0][0].device))
+            self._unused.append((event, unused))
+        while self._unused and (wait or self._unused[0][0].query()):
+            event, unused = self._unused.popleft()
+            event.synchronize()
+            device = unused[0][0].device
+            if self._quiet is None:
+                self._quiet = torch.cuda.Stream(device)
+            with torch.cuda.stream(self._quiet):
+                unused.clear()  # the arenas' last references: their memory goes back to the reference now
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -387,6 +433,17 @@ class RemoteTrace:
         self.keys()
         self.done[-1]["seconds"].update(self.seconds)  # type: ignore[index]
         return self.done  # type: ignore[return-value]
+
+
+def _unused(held: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """The messages of ``held`` (each its list of arenas) no view of which is left: every arena's storage is referred
+    to only by the arenas ``held`` keeps of it (and by the Python storage object that answers)."""
+    if not held:
+        return []
+    own = collections.Counter(a.untyped_storage()._cdata for arenas in held for a in arenas)
+    return [arenas for arenas in held
+            if all(torch._C._storage_Use_Count(a.untyped_storage()._cdata) <= own[a.untyped_storage()._cdata] + 1
+                   for a in arenas)]
 
 
 def _own(record: Record, copies: dict[int, torch.Tensor] | None = None) -> Record:
@@ -448,6 +505,7 @@ class ReferenceProcess:
             self.trace.tokens.clear()
             if torch.device(self.cfg.device).type == "cuda":
                 torch.cuda.synchronize()
+                self.trace._let_go(wait=True)
             self._worker = None
             if exc_type is None and self.trace.done is not None and self.trace.failure is None \
                     and worker.process.is_alive() and not is_user_path(self.cfg.reference):

@@ -181,34 +181,133 @@ def prepare_imports(cfg: Any) -> None:
         pass
 
 
-def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf) -> tuple[list[torch.Tensor], dict[int, Spec]]:
+def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
+         written: Arenas | None = None) -> tuple[list[torch.Tensor], dict[int, Spec]]:
     """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a CUDA tensor
-    of ``alone_bytes`` or more, which is an arena of its own as it is (no copy). Returns the arenas and each tensor's
-    :data:`Spec` by ``id`` (a tensor listed twice is packed once). Arenas on CUDA free, first, what another process
-    has released of this one's earlier arenas (else kept until this process runs out of memory)."""
+    of ``alone_bytes`` or more, which is an arena of its own as it is (no copy), and a tensor inside one of the
+    arenas ``written`` made (its copies, and views of them), which is read where it is (those arenas follow: taken
+    from ``written``, which starts anew). Returns the arenas and each tensor's :data:`Spec` by ``id`` (a tensor listed
+    twice is packed once). Arenas on CUDA free, first, what another process has released of this one's earlier
+    arenas (else kept until this process runs out of memory)."""
     specs: dict[int, Spec] = {}
     alone: list[torch.Tensor] = []
     pieces: list[torch.Tensor] = []
+    held: list[int] = []  # ids of the tensors found in ``written``'s arenas
     size = 0
     for t in tensors:
         if id(t) in specs:
             continue
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        dtype = str(t.dtype).removeprefix("torch.")
+        dtype = _dtype_name(t.dtype)
+        spec = None if written is None else written.spec(t, dtype)
+        if spec is not None:
+            specs[id(t)] = spec  # its arena's index is set below, once the number of the others is known
+            held.append(id(t))
+            continue
+        flat = (t.detach() if t.requires_grad else t).contiguous().view(-1).view(torch.uint8)
         if flat.is_cuda and flat.numel() >= alone_bytes:
             specs[id(t)] = (len(alone) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
             alone.append(flat)
             continue
         pad = -size % ALIGN
         if pad:
-            pieces.append(flat.new_zeros(pad))
+            pieces.append(_zeros(flat.device)[:pad])
         specs[id(t)] = (0, size + pad, dtype, tuple(t.shape))
         pieces.append(flat)
         size += pad + flat.numel()
-    if any(p.is_cuda for p in (*pieces, *alone)):
+    own = [] if written is None else written.take()
+    first = 1 + len(alone)
+    for key in held:
+        index, offset, dtype, shape = specs[key]
+        specs[key] = (first + index, offset, dtype, shape)
+    if any(p.is_cuda for p in (*pieces, *alone, *own)):
         torch.cuda.ipc_collect()
     packed = torch.cat(pieces) if pieces else None
-    return [packed, *alone], specs
+    return [packed, *alone, *own], specs
+
+
+class Arenas:
+    """Copies made straight into byte arenas of :func:`pack`'s format (each at an ``ALIGN``-aligned offset), so the
+    tensors of a message need no second copy to be packed: a sink that ships what a recorder copies (the reference
+    process's, ``ulptrace.concurrent``) hands the recorder :meth:`copy`, and :func:`pack` reads what lies in these
+    arenas where it is. An arena is shipped once (:meth:`take`, then new ones): memory another process reads is never
+    written again. A new arena holds what the last message held, an eighth more (a decode step's messages are alike),
+    or the value that does not fit."""
+
+    MIN_BYTES = 64 << 10
+
+    def __init__(self) -> None:
+        self.arenas: list[torch.Tensor] = []
+        self._ranges: list[tuple[int, int, int, bool]] = []  # each arena's (first address, end, index, on CUDA)
+        self._used = 0  # bytes used of the last arena
+        self._total = 0  # bytes of the copies in this message's arenas
+        self._next = self.MIN_BYTES
+        self._typed: dict[torch.dtype, torch.Tensor] = {}  # the last arena read as each dtype
+
+    def copy(self, value: torch.Tensor) -> torch.Tensor | None:
+        """A copy of ``value`` in an arena (contiguous, its dtype and shape), or None for what is no dense tensor of
+        torch's own type (the caller copies it as it does)."""
+        if type(value) is not torch.Tensor or value.layout is not torch.strided:
+            return None
+        nbytes = value.numel() * value.element_size()
+        start = self._used + -self._used % ALIGN
+        last = self.arenas[-1] if self.arenas else None
+        if last is None or start + nbytes > last.numel() or last.device != value.device:
+            last = torch.empty(max(self._next, nbytes + ALIGN), dtype=torch.uint8, device=value.device)
+            self.arenas.append(last)
+            self._ranges.append((last.data_ptr(), last.data_ptr() + last.numel(), len(self._ranges), last.is_cuda))
+            self._typed, start = {}, 0
+        typed = self._typed.get(value.dtype)
+        if typed is None:
+            size = value.element_size()
+            typed = self._typed[value.dtype] = last[:last.numel() - last.numel() % size].view(value.dtype)
+        strides, stride = [], 1
+        for n in reversed(value.shape):
+            strides.append(stride)
+            stride *= n
+        copy = typed.as_strided(value.shape, strides[::-1], start // value.element_size())
+        copy.copy_(value.detach() if value.requires_grad else value)
+        self._used = start + nbytes
+        self._total += nbytes
+        return copy
+
+    def spec(self, t: torch.Tensor, dtype: str) -> Spec | None:
+        """``t``'s spec if it lies, contiguous, in one of the arenas (arena index among these; None otherwise)."""
+        if not self._ranges or type(t) is not torch.Tensor or not t.is_contiguous() or t.is_conj() or t.is_neg():
+            return None
+        ptr = t.data_ptr()
+        end = ptr + t.numel() * t.element_size()
+        for first, last, index, cuda in self._ranges:
+            if first <= ptr and end <= last and t.is_cuda == cuda:
+                return (index, ptr - first, dtype, tuple(t.shape))
+        return None
+
+    def take(self) -> list[torch.Tensor]:
+        """The arenas written so far (to ship), and new ones for what comes next, sized from what these held."""
+        arenas = self.arenas
+        if arenas:
+            self._next = max(self.MIN_BYTES, self._total + self._total // 8)
+        self.arenas, self._ranges, self._typed, self._used, self._total = [], [], {}, 0, 0
+        return arenas
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_ZEROS: dict[torch.device, torch.Tensor] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """``dtype``'s name in torch (``torch.<name>``), as specs carry it."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _zeros(device: torch.device) -> torch.Tensor:
+    """``ALIGN`` zero bytes on ``device``, made once: a pad in an arena is a slice of them (not a new tensor each)."""
+    zeros = _ZEROS.get(device)
+    if zeros is None:
+        zeros = _ZEROS[device] = torch.zeros(ALIGN, dtype=torch.uint8, device=device)
+    return zeros
 
 
 def record_metas(records: Iterable[Record], specs: dict[int, Spec]) -> list[RecordMeta]:
@@ -219,18 +318,31 @@ def record_metas(records: Iterable[Record], specs: dict[int, Spec]) -> list[Reco
 
 class Unpacked:
     """Tensors of arenas :func:`pack` made, one view per spec: records that shared a tensor share it again (an empty
-    tensor's offset is the next one's)."""
+    tensor's offset is the next one's). Each view is one ``as_strided`` of the arena read as its dtype (made once per
+    arena and dtype): a step of a decode has hundreds of small tensors, and slicing and viewing each took three ops."""
 
     def __init__(self, arenas: list[torch.Tensor | None]) -> None:
         self.arenas = arenas
         self._views: dict[Spec, torch.Tensor] = {}
+        self._typed: dict[tuple[int, str], torch.Tensor] = {}
 
     def tensor(self, spec: Spec) -> torch.Tensor:
-        if spec not in self._views:
+        view = self._views.get(spec)
+        if view is None:
             arena, offset, dtype, shape = spec
-            dt = getattr(torch, dtype)
-            self._views[spec] = self.arenas[arena][offset:offset + dt.itemsize * math.prod(shape)].view(dt).view(shape)
-        return self._views[spec]
+            typed = self._typed.get((arena, dtype))
+            if typed is None:
+                base, dt = self.arenas[arena], getattr(torch, dtype)
+                # the arena's bytes read as ``dtype`` (a tail that is no whole element left out); an arena shared as
+                # it is may begin inside its storage, at a multiple of its own dtype's size
+                typed = self._typed[(arena, dtype)] = base[:base.numel() - base.numel() % dt.itemsize].view(dt)
+            start = offset // typed.element_size()  # a multiple of ALIGN (packed) or 0 (an arena of its own)
+            strides, stride = [], 1
+            for n in reversed(shape):
+                strides.append(stride)
+                stride *= n
+            view = self._views[spec] = typed.as_strided(shape, strides[::-1], typed.storage_offset() + start)
+        return view
 
     def record(self, meta: RecordMeta) -> Record:
         site, step, kind, layer, out, inputs = meta

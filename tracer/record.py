@@ -66,7 +66,9 @@ class Sink(Protocol):
     ``live_bytes`` (an int): then a record's tensors of at least that many bytes may be the model's own values, not
     copies — valid only while ``add`` runs, so the sink reads them there (a kernel enqueued on the stream counts) or
     copies what it keeps. A value that large, whose readers are all served by records emitted where it is observed
-    (the logits), then is never copied on the device (``LIVE_BYTES``)."""
+    (the logits), then is never copied on the device (``LIVE_BYTES``). A sink may define ``copy(tensor)`` too: the
+    recorder's copies of observed values are then made by it (into memory it ships as it is,
+    ``ulptrace.processes.Arenas``), except inside a CUDA-graph capture; None from it: the recorder copies as usual."""
 
     def add(self, record: Record) -> None: ...
 
@@ -408,6 +410,7 @@ class Recorder:
         self._compiled = False  # the model is compiled in place: hooks queue copies, records are made after the call
         self._queue: list[tuple[str, str, Any]] = []  # compiled mode: ("obs", path, values) / ("call", path, None)
         self._live: int | None = getattr(self.sink, "live_bytes", None)  # Sink.live_bytes
+        self._sink_copy: Callable[[torch.Tensor], torch.Tensor | None] | None = getattr(self.sink, "copy", None)
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -790,7 +793,7 @@ class Recorder:
         as its output; a copy made after a call inside it is as late as any input's (the code between two
         observations is trusted to move the counter when it writes)."""
         if value.is_inference():  # no version counter: always a new copy
-            return _copy(value)
+            return self._new_copy(value)
         entry = self._copies.get(id(value))
         if entry is not None and entry[0]() is value and entry[1] == value._version \
                 and (outputs is None or self._after_call(entry, outputs)):
@@ -803,13 +806,22 @@ class Recorder:
         copy = None if storage is None else self._view_of_copy(value, storage, outputs)
         fresh = copy is None
         if fresh:
-            copy = _copy(value)
+            copy = self._new_copy(value)
         entry = (weakref.ref(value), value._version, weakref.ref(copy), self._serial, outputs)
         self._copies[id(value)] = entry
         if fresh and storage is not None and value.nbytes <= HOLD_BYTES:
             # a small copy is held to the step's end: the same tensor, or a view of it, is often observed again
             self._bases.setdefault(storage, []).append((entry, copy))
         return copy
+
+    def _new_copy(self, value: torch.Tensor) -> torch.Tensor:
+        """A new copy of ``value``: the sink's (``Sink.copy``) where it makes one, outside a graph capture (whose
+        copies are the graph's buffers), else the recorder's own."""
+        if self._sink_copy is not None and not self._capturing:
+            copy = self._sink_copy(value)
+            if copy is not None:
+                return copy
+        return _copy(value)
 
     def _after_call(self, entry: tuple, path: str) -> bool:
         """Whether the copy of ``entry`` may stand for a result of module ``path``'s call (``_copy_once``): made in

@@ -227,6 +227,41 @@ def test_large_tensors_shared_as_they_are_on_the_gpu_report_the_same(monkeypatch
     assert _essentials(concurrent_report) == _essentials(sequential)
 
 
+@pytest.mark.gpu
+def test_cuda_arenas_are_let_go_once_read_and_unviewed(cuda_kernels) -> None:
+    """On CUDA this side holds each message's arenas until no view of them is left and the device has read them
+    (``RemoteTrace._let_go``, at each message taken): a step's records dropped, its arenas go at the next message;
+    records still held keep theirs; every value reads back as it was shipped."""
+    import queue
+
+    from ulptrace.concurrent import RemoteTrace, _Shipper
+    from ulptrace.trace import Record
+
+    messages: queue.Queue = queue.Queue()
+    shipper = _Shipper(messages)
+    values = [torch.randn(64, 32, device="cuda").bfloat16() for _ in range(3)]
+    for step, value in enumerate(values):
+        shipper.add(Record("a", step, "norm", 0, shipper.copy(value), {}))
+        shipper.ship(step, torch.tensor([[step]], device="cuda"))
+
+    class Ends:
+        def next_message(self):
+            return messages.get_nowait()
+
+    trace = RemoteTrace(Ends())
+    first = trace.pop(("a", 0))
+    assert torch.equal(first.out, values[0]) and len(trace._held) == 1
+    del first
+    kept = trace.pop(("a", 1))  # step 1 taken: step 0's arenas found unused
+    trace._let_go(wait=True)
+    assert len(trace._held) == 1 and not trace._unused  # step 1's, which a record still views
+    assert torch.equal(kept.out, values[1]) and torch.equal(trace.pop(("a", 2)).out, values[2])
+    assert [trace.forced_token(s).item() for s in range(3)] == [0, 1, 2]
+    del kept
+    trace._let_go(wait=True)
+    assert len(trace._held) == 0  # step 2's record was dropped at once: nothing views any arena now
+
+
 def test_a_kept_model_of_a_local_checkpoint_is_not_reused_once_its_files_change(tmp_path) -> None:
     from ulptrace.processes import model_key
 
@@ -264,7 +299,65 @@ def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:
         assert got.dtype == sent.dtype and torch.equal(got, sent)
     assert a.inputs["x"] is b.inputs["x"]  # compared once (KnownPairs finds the pair by identity)
     assert (b.kind, b.layer) == ("linear", 1) and trace.forced_token(0).tolist() == [[7], [9]]
+    token = trace.forced_token(0)  # a copy of its own: a view would keep the step's arenas as long as the run
+    assert token.untyped_storage().nbytes() == token.nbytes
     assert trace.pop(("c", 0)) is None  # its step arrived whole: a record it does not hold is missing, not awaited
+
+
+def test_the_references_copies_are_made_where_they_are_shipped_from() -> None:
+    """The reference process's recorder copies into the arenas its next message ships (``processes.Arenas``): each
+    copy is its value bit for bit, contiguous, at an aligned offset of one arena; packing finds it and a view inside it
+    there (only what lies elsewhere is copied again), the other side reads every one back; the next message gets new
+    arenas, sized from what this one held."""
+    from ulptrace.processes import ALIGN, Arenas, Unpacked, pack
+
+    written = Arenas()
+    values = [torch.randn(3, 5).bfloat16(), torch.arange(7, dtype=torch.int64), torch.tensor(1.5, dtype=torch.float64),
+              torch.randn(4, 6)[:, ::2], torch.randn(2, 3, requires_grad=True), torch.zeros(0, 4),
+              torch.tensor([True, False, True]), torch.randn(3).half()]
+    copies = [written.copy(v) for v in values]
+    (arena,) = written.arenas
+    for copy, value in zip(copies, values, strict=True):
+        assert copy.dtype == value.dtype and copy.shape == value.shape and copy.is_contiguous()
+        assert torch.equal(copy, value.detach()) and not copy.requires_grad
+        if value.numel():  # (an empty tensor has no memory to point at)
+            assert copy.untyped_storage().data_ptr() == arena.data_ptr()
+            assert (copy.data_ptr() - arena.data_ptr()) % ALIGN == 0
+    values[1] += 1  # a copy is no view of its value
+    assert copies[1].tolist() == list(range(7))
+    inside, elsewhere = copies[0][1:], torch.randn(5)
+    tensors = [copies[0], inside, elsewhere, *copies[1:]]
+    arenas, specs = pack(tensors, written=written)
+    assert len(arenas) == 2 and arenas[1] is arena and specs[id(elsewhere)][0] == 0
+    assert all(specs[id(t)][0] == 1 for t in tensors if t.numel() and t is not elsewhere)  # read where they are
+    views = Unpacked(arenas)
+    for t in tensors:
+        got = views.tensor(specs[id(t)])
+        assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
+    assert not written.arenas
+    written.copy(torch.ones(1))
+    used = sum(v.nbytes for v in values)
+    assert written.arenas[0].numel() == max(Arenas.MIN_BYTES, used + used // 8)
+
+
+def test_a_messages_arenas_are_let_go_once_no_view_of_them_is_left() -> None:
+    """This side keeps a message's CUDA arenas until nothing else refers to their memory (``concurrent._unused``,
+    what ``RemoteTrace._let_go`` asks): a view of an arena keeps its message, and an arena sharing a storage with
+    one that is viewed (two messages' arenas in one block) keeps its own message too."""
+    from ulptrace.concurrent import _unused
+
+    a, b = torch.zeros(64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)
+    first, second, third = [a], [b], [a[32:]]
+    held = [first, second, third]
+    view = b[:8].view(torch.int64)
+    assert [m is first or m is third for m in _unused(held)] == [True, True]
+    del view
+    assert len(_unused(held)) == 3
+    record = a[:4]
+    (unused,) = _unused(held)
+    assert unused is second
+    del record
+    assert len(_unused(held)) == 3
 
 
 def test_a_step_in_parts_is_whole_only_with_its_last_part() -> None:
