@@ -261,12 +261,22 @@ def main() -> None:
                         "(onset's --concurrent); the untraced base still runs the pair one after the other")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
+    p.add_argument("--part-mib", type=int, metavar="MIB",
+                   help="with --concurrent: the reference ships a step's records in parts of this size "
+                        "(ulptrace.concurrent.PART_BYTES, default its own)")
     args = p.parse_args()
     check_workload(p, args)
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
     if args.judge_workers < 0:
         p.error(f"--judge-workers must be >= 0 (0: judged in this process), but got {args.judge_workers}")
+    if args.part_mib is not None:
+        if args.part_mib < 1 or not args.concurrent:
+            p.error(f"--part-mib takes a size >= 1 with --concurrent, but got {args.part_mib}"
+                    f"{'' if args.concurrent else ' without --concurrent'}")
+        from ulptrace import concurrent
+
+        concurrent.PART_BYTES = args.part_mib << 20  # read by ReferenceProcess.start, sent with each run
     unknown = [g for g in args.goals if g not in GOALS]
     if unknown:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
@@ -274,6 +284,7 @@ def main() -> None:
         args.reports.mkdir(parents=True, exist_ok=True)
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
+                              "part_mib": args.part_mib,
                               "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens}}
