@@ -245,13 +245,15 @@ class Arenas:
 
     def copy(self, value: torch.Tensor) -> torch.Tensor | None:
         """A copy of ``value`` in an arena (contiguous, its dtype and shape), or None for what is no dense tensor of
-        torch's own type (the caller copies it as it does)."""
-        if type(value) is not torch.Tensor or value.layout is not torch.strided:
+        torch's own type or lies on another device than this message's first value (the caller copies it as it
+        does; :func:`pack` then copies it again)."""
+        last = self.arenas[-1] if self.arenas else None
+        if type(value) is not torch.Tensor or value.layout is not torch.strided \
+                or (last is not None and last.device != value.device):  # one device a message (its first value's)
             return None
         nbytes = value.numel() * value.element_size()
         start = self._used + -self._used % ALIGN
-        last = self.arenas[-1] if self.arenas else None
-        if last is None or start + nbytes > last.numel() or last.device != value.device:
+        if last is None or start + nbytes > last.numel():
             last = torch.empty(max(self._next, nbytes + ALIGN), dtype=torch.uint8, device=value.device)
             self.arenas.append(last)
             self._ranges.append((last.data_ptr(), last.data_ptr() + last.numel(), len(self._ranges), last.is_cuda))

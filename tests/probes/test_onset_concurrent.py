@@ -335,9 +335,14 @@ def test_the_references_copies_are_made_where_they_are_shipped_from() -> None:
         got = views.tensor(specs[id(t)])
         assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t)
     assert not written.arenas
-    written.copy(torch.ones(1))
-    used = sum(v.nbytes for v in values)
-    assert written.arenas[0].numel() == max(Arenas.MIN_BYTES, used + used // 8)
+    assert written.copy(torch.ones(2, device="meta")) is not None  # a message's arenas are on its first value's device
+    assert written.copy(torch.ones(1)) is None and len(written.arenas) == 1
+    written.take()
+    big = torch.randn(100_000)
+    written.copy(big)
+    written.take()
+    written.copy(torch.ones(1))  # the next message's arena holds what the last one held, an eighth more
+    assert written.arenas[0].numel() == big.nbytes + big.nbytes // 8 > Arenas.MIN_BYTES
 
 
 def test_a_messages_arenas_are_let_go_once_no_view_of_them_is_left() -> None:
