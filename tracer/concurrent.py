@@ -22,14 +22,14 @@ small records): the recorder's copies are made straight into them (``processes.A
 else a record holds is packed into one more (one device copy; a large one is shared as it is), the records travel as
 offsets into them, and, with the step's last part, the token the reference chose. This side holds a message's CUDA
 arenas until no view of them is left and the device has read them, then lets them go while a stream nothing runs on
-is current (``RemoteTrace._let_go``): torch synchronises the current stream when received CUDA memory ends. A value of ``LIVE_BYTES`` or more (a long prompt's
-logits) reaches that sink uncopied, as the model left it: it is shipped at once and the reference waits until this
-process has read it (or, not taken yet, copied it) and says so — so a long prefill's logits are not copied there.
-This process reads them as
-:class:`RemoteTrace`, a reference the streaming comparison pops records from (waiting for a step that has not arrived),
-and feeds the candidate the reference's tokens as they come (``forced_token``). The queue holds a few
-messages (``AHEAD``), so the reference runs at most that far ahead and its records in flight stay bounded. An error in that
-process is raised here with its traceback; a process that dies without a word is reported with its exit code.
+is current (``RemoteTrace._let_go``): torch synchronises the current stream when received CUDA memory ends. A value
+of ``LIVE_BYTES`` or more (a long prompt's logits) reaches that sink uncopied, as the model left it: it is shipped at
+once and the reference waits until this process has read it (or, not taken yet, copied it) and says so — so a long
+prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
+comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
+as they come (``forced_token``). The queue holds a few messages (``AHEAD``), so the reference runs at most that far
+ahead and its records in flight stay bounded. An error in that process is raised here with its traceback; a process
+that dies without a word is reported with its exit code.
 """
 
 from __future__ import annotations
@@ -332,8 +332,9 @@ class RemoteTrace:
     def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list,
                 live: tuple[str, int] | None) -> None:
         views = Unpacked(arenas)
-        if any(a is not None and a.is_cuda for a in arenas):
-            self._held.append([a for a in arenas if a is not None])
+        cuda = [a for a in arenas if a is not None and a.is_cuda]  # (memory in a host arena ends without a wait)
+        if cuda:
+            self._held.append(cuda)
         for meta in metas:
             record = views.record(meta)
             self._records[record.key] = record
