@@ -13,17 +13,17 @@ a benchmark's, a test suite's): the next onset then took 1.38x (the sequential o
 round).
 
 How: :class:`ReferenceProcess` hands the run to a reference process (spawned, or the one a clean run of the same model
-left, ``shutdown`` stops it). A new one imports what building the model needs while this side builds it, then is
-sent a twin of this side's fresh model (``start``; its memory shared, the weights not drawn again: the parameter
-checksums in both sides' metadata say they are the same), applies the reference path and records its generation with a
-sink that ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the
-tensors in byte arenas shared with this process through CUDA IPC or shared memory (per-tensor sharing costs more than
-small records): the recorder's copies are made straight into them (``processes.Arenas``, the sink's ``copy``), what
+left, ``shutdown`` stops it). A new one imports what building the model needs while this side builds it, then is sent
+a twin of this side's fresh model (``start``; its memory shared, the weights not drawn again: the parameter checksums
+in both sides' metadata say they are the same), applies the reference path and records its generation with a sink that
+ships each step's records when the step's logits are out (a long prefill's in parts of ``PART_BYTES``): the tensors in
+byte arenas shared with this process through CUDA IPC or shared memory (per-tensor sharing costs more than small
+records): the recorder's copies are made straight into them (``processes.Arenas``, the sink's ``copy_value``), what
 else a record holds is packed into one more (one device copy; a large one is shared as it is), the records travel as
 offsets into them, and, with the step's last part, the token the reference chose. This side holds a message's CUDA
-arenas until no view of them is left and the device has read them, then lets them go while a stream nothing runs on
-is current (``RemoteTrace._let_go``): torch synchronises the current stream when received CUDA memory ends. A value
-of ``LIVE_BYTES`` or more (a long prompt's logits) reaches that sink uncopied, as the model left it: it is shipped at
+arenas until no view of them is left and the device has read them, then lets them go while a stream nothing runs on is
+current (``RemoteTrace._let_go``): torch synchronises the current stream when received CUDA memory ends. A value of
+``LIVE_BYTES`` or more (a long prompt's logits) reaches that sink uncopied, as the model left it: it is shipped at
 once and the reference waits until this process has read it (or, not taken yet, copied it) and says so — so a long
 prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
 comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
@@ -87,7 +87,7 @@ class _Shipper:
         if acks is not None:
             self.live_bytes = live_bytes or LIVE_BYTES  # Sink.live_bytes, read by the recorder
         self.records: list[Record] = []
-        self._written = Arenas()  # the recorder's copies, made where they are shipped from (Sink.copy)
+        self._written = Arenas()  # the recorder's copies, made where they are shipped from (Sink.copy_value)
         self._bytes = 0
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
         # where this process's shipping time went: packing the arenas, handing them to the queue (which waits while
@@ -97,8 +97,9 @@ class _Shipper:
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         child_put(self.out, ("metadata", metadata))
 
-    def copy(self, value: torch.Tensor) -> torch.Tensor | None:
-        """The recorder's copy of an observed value, written into the arena the next message ships (Sink.copy)."""
+    def copy_value(self, value: torch.Tensor) -> torch.Tensor | None:
+        """The recorder's copy of an observed value, written into the arena the next message ships
+        (``ulptrace.record.Sink``)."""
         return self._written.copy(value)
 
     def add(self, record: Record) -> None:

@@ -66,8 +66,8 @@ class Sink(Protocol):
     ``live_bytes`` (an int): then a record's tensors of at least that many bytes may be the model's own values, not
     copies — valid only while ``add`` runs, so the sink reads them there (a kernel enqueued on the stream counts) or
     copies what it keeps. A value that large, whose readers are all served by records emitted where it is observed
-    (the logits), then is never copied on the device (``LIVE_BYTES``). A sink may define ``copy(tensor)`` too: the
-    recorder's copies of observed values are then made by it (into memory it ships as it is,
+    (the logits), then is never copied on the device (``LIVE_BYTES``). A sink may define ``copy_value(tensor)``
+    too: the recorder's copies of observed values are then made by it (into memory it ships as it is,
     ``ulptrace.processes.Arenas``), except inside a CUDA-graph capture; None from it: the recorder copies as usual."""
 
     def add(self, record: Record) -> None: ...
@@ -410,7 +410,8 @@ class Recorder:
         self._compiled = False  # the model is compiled in place: hooks queue copies, records are made after the call
         self._queue: list[tuple[str, str, Any]] = []  # compiled mode: ("obs", path, values) / ("call", path, None)
         self._live: int | None = getattr(self.sink, "live_bytes", None)  # Sink.live_bytes
-        self._sink_copy: Callable[[torch.Tensor], torch.Tensor | None] | None = getattr(self.sink, "copy", None)
+        self._sink_copy: Callable[[torch.Tensor], torch.Tensor | None] | None = \
+            getattr(self.sink, "copy_value", None)  # Sink.copy_value
 
     # -- results -------------------------------------------------------------------------------
     @property
@@ -815,8 +816,8 @@ class Recorder:
         return copy
 
     def _new_copy(self, value: torch.Tensor) -> torch.Tensor:
-        """A new copy of ``value``: the sink's (``Sink.copy``) where it makes one, outside a graph capture (whose
-        copies are the graph's buffers), else the recorder's own."""
+        """A new copy of ``value``: the sink's (``Sink.copy_value``) where it makes one, outside a graph capture
+        (whose copies are the graph's buffers), else the recorder's own."""
         if self._sink_copy is not None and not self._capturing:
             copy = self._sink_copy(value)
             if copy is not None:

@@ -241,7 +241,7 @@ def test_cuda_arenas_are_let_go_once_read_and_unviewed(cuda_kernels) -> None:
     shipper = _Shipper(messages)
     values = [torch.randn(64, 32, device="cuda").bfloat16() for _ in range(3)]
     for step, value in enumerate(values):
-        shipper.add(Record("a", step, "norm", 0, shipper.copy(value), {}))
+        shipper.add(Record("a", step, "norm", 0, shipper.copy_value(value), {}))
         shipper.ship(step, torch.tensor([[step]], device="cuda"))
 
     class Ends:
