@@ -341,6 +341,42 @@ def test_a_sink_taking_live_values_gets_the_models_own_output_only_where_every_r
     assert torch.equal(sink.records["b", 0][0], 2 * (x + 1))
 
 
+class _CopyingSink(list):
+    """A sink that makes the recorder's copies (``Sink.copy_value``; for the third it is asked, None) and, being a
+    list, has a ``copy`` method of its own that must not be taken for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[torch.Tensor | None] = []
+
+    def add(self, record) -> None:
+        self.append(record)
+
+    def copy_value(self, value: torch.Tensor) -> torch.Tensor | None:
+        self.made.append(None if len(self.made) == 2 else value.clone())
+        return self.made[-1]
+
+
+def test_a_sink_that_copies_gets_the_recorders_copies_asked_of_it() -> None:
+    """``Sink.copy_value``: each new copy the recorder needs is asked of the sink (the reference process's sink
+    writes them where it ships them from), a value observed again unchanged is served by the same copy, and where the
+    sink answers None the recorder copies as usual; the records equal a default recorder's."""
+    x = torch.arange(4.0)
+    sink = _CopyingSink()
+    with Recorder(_Chain(), sites=_chain_sites(), sink=sink) as rec:
+        rec.model(x)
+    records = {r.key: r for r in sink}
+    assert len(sink.made) == 3 and sink.made[2] is None  # a's output, b's output (written in place), c's output
+    assert records["a", 0].out is sink.made[0] and records["b", 0].inputs["x"] is sink.made[0]
+    assert records["b", 0].out is sink.made[1] and records["c", 0].inputs["x"] is sink.made[1]
+    assert all(records["c", 0].out is not t for t in sink.made[:2])  # the recorder's own copy
+    with Recorder(_Chain(), sites=_chain_sites()) as copied:
+        copied.model(x)
+    for key, record in records.items():
+        assert torch.equal(record.out, copied.trace[key].out)
+        assert all(torch.equal(v, copied.trace[key].inputs[k]) for k, v in record.inputs.items())
+
+
 def test_a_host_memory_sink_copies_large_values_it_is_handed_in_host_memory(qwen, prompts) -> None:
     """``MemorySink(device="cpu")`` takes large values uncopied (on a GPU it copies them straight to the host); a
     value already in host memory it copies itself, so a record it keeps never aliases the model's tensors and the
