@@ -383,9 +383,8 @@ class RemoteTrace:
         while self._unused and (wait or self._unused[0][0].query()):
             event, unused = self._unused.popleft()
             event.synchronize()
-            device = unused[0][0].device
             if self._quiet is None:
-                self._quiet = torch.cuda.Stream(device)
+                self._quiet = torch.cuda.Stream(unused[0][0].device)
             with torch.cuda.stream(self._quiet):
                 unused.clear()  # the arenas' last references: their memory goes back to the reference now
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from ulptrace.trace import Record
+from ulptrace.trace import Record, dtype_name
 
 POLL_S = 1.0  # how often a wait on another process checks that it (or the parent) is still alive
 ALIGN = 16  # byte alignment of each tensor in an arena (any dtype's view of it is aligned)
@@ -183,29 +183,28 @@ def prepare_imports(cfg: Any) -> None:
 
 def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
          written: Arenas | None = None) -> tuple[list[torch.Tensor], dict[int, Spec]]:
-    """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a CUDA tensor
-    of ``alone_bytes`` or more, which is an arena of its own as it is (no copy), and a tensor inside one of the
-    arenas ``written`` made (its copies, and views of them), which is read where it is (those arenas follow: taken
-    from ``written``, which starts anew). Returns the arenas and each tensor's :data:`Spec` by ``id`` (a tensor listed
-    twice is packed once). Arenas on CUDA free, first, what another process has released of this one's earlier
-    arenas (else kept until this process runs out of memory)."""
+    """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a tensor
+    inside one of the arenas ``written`` made (its copies, and views of them), which is read where it is (those arenas
+    follow arena 0: taken from ``written``, which starts anew), and a CUDA tensor of ``alone_bytes`` or more, which is
+    an arena of its own as it is (no copy; the last ones). Returns the arenas and each tensor's :data:`Spec` by ``id``
+    (a tensor listed twice is packed once). Arenas on CUDA free, first, what another process has released of this
+    one's earlier arenas (else kept until this process runs out of memory)."""
     specs: dict[int, Spec] = {}
     alone: list[torch.Tensor] = []
     pieces: list[torch.Tensor] = []
-    held: list[int] = []  # ids of the tensors found in ``written``'s arenas
+    first_alone = 1 + (0 if written is None else len(written.arenas))  # arena 0 is the packed one
     size = 0
     for t in tensors:
         if id(t) in specs:
             continue
-        dtype = _dtype_name(t.dtype)
+        dtype = dtype_name(t.dtype)
         spec = None if written is None else written.spec(t, dtype)
         if spec is not None:
-            specs[id(t)] = spec  # its arena's index is set below, once the number of the others is known
-            held.append(id(t))
+            specs[id(t)] = spec
             continue
         flat = (t.detach() if t.requires_grad else t).contiguous().view(-1).view(torch.uint8)
         if flat.is_cuda and flat.numel() >= alone_bytes:
-            specs[id(t)] = (len(alone) + 1, 0, dtype, tuple(t.shape))  # arena 0 is the packed one
+            specs[id(t)] = (first_alone + len(alone), 0, dtype, tuple(t.shape))
             alone.append(flat)
             continue
         pad = -size % ALIGN
@@ -215,14 +214,10 @@ def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
         pieces.append(flat)
         size += pad + flat.numel()
     own = [] if written is None else written.take()
-    first = 1 + len(alone)
-    for key in held:
-        index, offset, dtype, shape = specs[key]
-        specs[key] = (first + index, offset, dtype, shape)
-    if any(p.is_cuda for p in (*pieces, *alone, *own)):
+    if any(p.is_cuda for p in (*pieces, *own, *alone)):
         torch.cuda.ipc_collect()
     packed = torch.cat(pieces) if pieces else None
-    return [packed, *alone, *own], specs
+    return [packed, *own, *alone], specs
 
 
 class Arenas:
@@ -237,7 +232,7 @@ class Arenas:
 
     def __init__(self) -> None:
         self.arenas: list[torch.Tensor] = []
-        self._ranges: list[tuple[int, int, int, bool]] = []  # each arena's (first address, end, index, on CUDA)
+        self._ranges: list[tuple[int, int, bool]] = []  # each arena's (first address, end, on CUDA)
         self._used = 0  # bytes used of the last arena
         self._total = 0  # bytes of the copies in this message's arenas
         self._next = self.MIN_BYTES
@@ -256,29 +251,25 @@ class Arenas:
         if last is None or start + nbytes > last.numel():
             last = torch.empty(max(self._next, nbytes + ALIGN), dtype=torch.uint8, device=value.device)
             self.arenas.append(last)
-            self._ranges.append((last.data_ptr(), last.data_ptr() + last.numel(), len(self._ranges), last.is_cuda))
+            self._ranges.append((last.data_ptr(), last.data_ptr() + last.numel(), last.is_cuda))
             self._typed, start = {}, 0
         typed = self._typed.get(value.dtype)
         if typed is None:
-            size = value.element_size()
-            typed = self._typed[value.dtype] = last[:last.numel() - last.numel() % size].view(value.dtype)
-        strides, stride = [], 1
-        for n in reversed(value.shape):
-            strides.append(stride)
-            stride *= n
-        copy = typed.as_strided(value.shape, strides[::-1], start // value.element_size())
+            typed = self._typed[value.dtype] = _typed(last, value.dtype)
+        copy = _contiguous_view(typed, value.shape, start)
         copy.copy_(value.detach() if value.requires_grad else value)
         self._used = start + nbytes
         self._total += nbytes
         return copy
 
     def spec(self, t: torch.Tensor, dtype: str) -> Spec | None:
-        """``t``'s spec if it lies, contiguous, in one of the arenas (arena index among these; None otherwise)."""
+        """``t``'s spec if it lies, contiguous, in one of the arenas (the arena's index counts from 1: they follow
+        :func:`pack`'s arena 0), else None."""
         if not self._ranges or type(t) is not torch.Tensor or not t.is_contiguous() or t.is_conj() or t.is_neg():
             return None
         ptr = t.data_ptr()
         end = ptr + t.numel() * t.element_size()
-        for first, last, index, cuda in self._ranges:
+        for index, (first, last, cuda) in enumerate(self._ranges, start=1):
             if first <= ptr and end <= last and t.is_cuda == cuda:
                 return (index, ptr - first, dtype, tuple(t.shape))
         return None
@@ -292,16 +283,23 @@ class Arenas:
         return arenas
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
+def _typed(arena: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A byte arena read as ``dtype`` (a tail that is no whole element left out). An arena shared as it is may begin
+    inside its storage, at a multiple of its own dtype's size."""
+    return arena[:arena.numel() - arena.numel() % dtype.itemsize].view(dtype)
+
+
+def _contiguous_view(typed: torch.Tensor, shape: tuple[int, ...], offset: int) -> torch.Tensor:
+    """The contiguous tensor of ``shape`` at byte ``offset`` (a multiple of ``ALIGN``) of ``typed`` (:func:`_typed`):
+    one ``as_strided``."""
+    strides, stride = [], 1
+    for n in reversed(shape):
+        strides.append(stride)
+        stride *= n
+    return typed.as_strided(shape, strides[::-1], typed.storage_offset() + offset // typed.element_size())
+
+
 _ZEROS: dict[torch.device, torch.Tensor] = {}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    """``dtype``'s name in torch (``torch.<name>``), as specs carry it."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
 
 
 def _zeros(device: torch.device) -> torch.Tensor:
@@ -334,16 +332,8 @@ class Unpacked:
             arena, offset, dtype, shape = spec
             typed = self._typed.get((arena, dtype))
             if typed is None:
-                base, dt = self.arenas[arena], getattr(torch, dtype)
-                # the arena's bytes read as ``dtype`` (a tail that is no whole element left out); an arena shared as
-                # it is may begin inside its storage, at a multiple of its own dtype's size
-                typed = self._typed[(arena, dtype)] = base[:base.numel() - base.numel() % dt.itemsize].view(dt)
-            start = offset // typed.element_size()  # a multiple of ALIGN (packed) or 0 (an arena of its own)
-            strides, stride = [], 1
-            for n in reversed(shape):
-                strides.append(stride)
-                stride *= n
-            view = self._views[spec] = typed.as_strided(shape, strides[::-1], typed.storage_offset() + start)
+                typed = self._typed[(arena, dtype)] = _typed(self.arenas[arena], getattr(torch, dtype))
+            view = self._views[spec] = _contiguous_view(typed, shape, offset)
         return view
 
     def record(self, meta: RecordMeta) -> Record:
