@@ -117,9 +117,10 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
 # time, more than the kernel itself on a small record).
 RECORD_SLOTS = 32
 RECORD_LAYOUT = {"codes": (0, 19), "bits_differ": 19, "max_ulp": 20, "row_codes": (21, 30), "max_row_bits": 30}
-SEARCH = 9  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
+SEARCH = 12  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
 MAX_RECORDS = 1 << SEARCH
 TILES = (16, 128, 1024)  # columns of a tile (short, medium and long rows): few kernel variants per run
+TILE_ELEMENTS = 2048  # elements of a tile: 2048 // columns rows
 _ELEM = {8: "int8", 16: "int16", 32: "int32", 64: "int64"}
 
 if AVAILABLE:
@@ -219,13 +220,16 @@ def tile_columns(n_cols: int) -> int:
     return next(c for c in TILES if c >= n_cols or c == TILES[-1])
 
 
-def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any, out: torch.Tensor) -> None:
+def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any, out: torch.Tensor,
+                   table: tuple[list[int], int] | None = None) -> None:
     """Enqueue the statistics of record pairs of one float format and one tile width (:func:`tile_columns`) in one
     launch: ``pairs`` are (a, b, result slot), same-shape contiguous tensors on ``out``'s device whose memory is read
     as the format's bit patterns (the values or a bit-pattern view of them)
     (rows are the last dimension); slot ``s``'s results are added into ``out[s]`` (int64, ``RECORD_SLOTS`` per slot,
     zeroed by the caller). No host synchronisation: the launch's table reaches the device by an asynchronous copy.
     The tensors must stay alive and unchanged until the kernel has run (the caller's stream orders it).
+    ``table``: the launch's table and tile count as :func:`table_of` makes them, built by the caller as the pairs
+    arrived (``ulptrace.ulp.StatsBatch``); made here when not given.
 
     Raises:
         ImportError: Triton is not installed.
@@ -235,6 +239,24 @@ def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any
         raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
     if not 0 < len(pairs) <= MAX_RECORDS:
         raise ValueError(f"a launch takes 1 to {MAX_RECORDS} record pairs, but got {len(pairs)}")
+    entries, tiles = table if table is not None else table_of(pairs)
+    cols = tile_columns(entries[3])
+    cuda = out.is_cuda
+    host = torch.tensor(entries, dtype=torch.int64, pin_memory=cuda)
+    device_table = host.to(out.device, non_blocking=True) if cuda else host
+    _records_kernel[(tiles,)](
+        device_table, len(pairs), out, ELEM=getattr(tl, _ELEM[fmt.bits]), MAG=fmt.magnitude_mask,
+        MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
+        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=TILE_ELEMENTS // cols, C=cols, STEPS=SEARCH, num_warps=8)
+
+
+def table_of(pairs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[list[int], int]:
+    """The kernel's table of ``pairs`` (six int64 a pair: a's address, b's address, rows, columns, result slot, first
+    tile) and the launch's tile count.
+
+    Raises:
+        ValueError: pairs of several tile widths.
+    """
     table: list[int] = []
     tiles = 0
     cols = None
@@ -245,13 +267,6 @@ def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any
             raise ValueError(f"one launch serves one tile width, but got rows of {cols} and {width} columns")
         cols = width
         n_rows = a.numel() // max(n_cols, 1)
-        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)  # the kernel's 6 int64 per record
-        tiles += -(-n_rows // (2048 // width))
-    cuda = out.is_cuda
-    host = torch.tensor(table, dtype=torch.int64, pin_memory=cuda)
-    device_table = host.to(out.device, non_blocking=True) if cuda else host
-    _records_kernel[(tiles,)](
-        device_table, len(pairs), out, ELEM=getattr(tl, _ELEM[fmt.bits]), MAG=fmt.magnitude_mask,
-        MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
-        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=2048 // cols, C=cols, STEPS=SEARCH, num_warps=8)
-
+        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)
+        tiles += -(-n_rows // (TILE_ELEMENTS // width))
+    return table, tiles

@@ -767,16 +767,38 @@ def merge_record_stats(parts: Sequence[RecordStats]) -> RecordStats:
 
 
 class PendingStats:
-    """A :class:`RecordStats` being computed on the device (row ``index`` of the int64 result slab ``buffer``, or
-    waiting in a :class:`StatsBatch` not launched yet) or already known (``value``): read it with
-    :func:`resolve_stats`, which waits once for any number of them."""
+    """A :class:`RecordStats` being computed on the device (row ``index`` of the int64 result slab of the
+    :class:`StatsBatch` launch ``launch`` — not launched yet while its ``slab`` is None) or already known
+    (``value``): read it with :func:`resolve_stats`, which waits once for any number of them."""
 
-    __slots__ = ("batch", "buffer", "index", "numel", "rows", "value")
+    __slots__ = ("index", "launch", "numel", "rows", "value")
 
-    def __init__(self, value: RecordStats | None = None, buffer: torch.Tensor | None = None, numel: int = 0,
-                 index: int = 0, batch: StatsBatch | None = None, rows: bool = True) -> None:
-        self.value, self.buffer, self.numel, self.index, self.batch = value, buffer, numel, index, batch
-        self.rows = rows  # the row-magnitude statistics are wanted (decoded from the buffer)
+    def __init__(self, value: RecordStats | None = None, launch: _Launch | None = None, numel: int = 0,
+                 index: int = 0, rows: bool = True) -> None:
+        self.value, self.launch, self.numel, self.index = value, launch, numel, index
+        self.rows = rows  # the row-magnitude statistics are wanted (decoded from the slab)
+
+
+class _Launch:
+    """One launch of a :class:`StatsBatch` being gathered: per float format and tile width, the pairs (kept alive
+    until the device has read them) and the kernel's table, built as the pairs arrive (``ulptrace._ulp_triton``'s six
+    int64 an entry); ``slab``, the zeroed int64 results of every pair (a row each), once launched."""
+
+    __slots__ = ("batch", "groups", "slab", "count")
+
+    def __init__(self, batch: StatsBatch) -> None:
+        self.batch, self.groups, self.slab, self.count = batch, {}, None, 0
+
+
+class _Group:
+    """The pairs of one float format and tile width in a :class:`_Launch` and the table that launches them."""
+
+    __slots__ = ("pairs", "table", "tiles", "rows_per_tile")
+
+    def __init__(self, rows_per_tile: int) -> None:
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        self.table: list[int] = []
+        self.tiles, self.rows_per_tile = 0, rows_per_tile
 
 
 class StatsBatch:
@@ -785,57 +807,74 @@ class StatsBatch:
 
     :func:`pending_stats` with ``batch=`` puts a pair here (nothing runs yet; the batch holds both tensors, so they
     must not be written to in place until it is launched — a recorder's records are copies). The batch launches
-    when it holds ``max_records`` pairs or ``max_bytes`` of them (what it keeps alive is bounded), when a pair of
-    another device arrives, and when :func:`resolve_stats` needs any of its results; ``launch()`` does it on demand.
+    when it holds ``max_records`` pairs (at most ``_ulp_triton.MAX_RECORDS``) or ``max_bytes`` of them (what it keeps
+    alive is bounded), when a pair of another device arrives, and when :func:`resolve_stats` needs any of its
+    results; ``launch()`` does it on demand. Each launch's table is built as its pairs arrive (a pair costs one short
+    step here, none at the launch: a traced step queues hundreds).
     """
 
-    def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_records: int = 2048, max_bytes: int = 256 << 20) -> None:
+        from ulptrace import _ulp_triton
+
+        if not 0 < max_records <= _ulp_triton.MAX_RECORDS:
+            raise ValueError(f"max_records must be 1 to {_ulp_triton.MAX_RECORDS} (a launch's table), "
+                             f"but got {max_records}")
         self.max_records, self.max_bytes = max_records, max_bytes
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor, FloatFormat, PendingStats]] = []
+        self._triton = _ulp_triton
+        self._next = _Launch(self)
+        self._device: torch.device | None = None
         self._bytes = 0
         # launched pairs, held until the device has read them (an event each launch): memory another process shares
         # through CUDA IPC (onset --concurrent's reference) goes back to it when the last tensor here is dropped — a
         # count on the host, not this stream's order — and it may write there at once
-        self._reading: collections.deque[tuple[torch.cuda.Event, list]] = collections.deque()
+        self._reading: collections.deque[tuple[torch.cuda.Event, _Launch]] = collections.deque()
 
     def __len__(self) -> int:
-        return len(self._pairs)
+        return self._next.count
 
     def add(self, a: torch.Tensor, b: torch.Tensor, fmt: FloatFormat, rows: bool = True) -> PendingStats:
         """Queue the statistics of two same-shape contiguous tensors of ``fmt`` (its values or their bit patterns:
         the kernel reads the memory as ``fmt``'s bit patterns) on one CUDA device
         (``rows=False``: the row-magnitude statistics are left out of the result, as :func:`pending_stats`)."""
-        if self._pairs and self._pairs[0][0].device != a.device:
+        if a.device != self._device:
             self.launch()
-        pending = PendingStats(numel=a.numel(), batch=self, rows=rows)
-        self._pairs.append((a, b, fmt, pending))
-        self._bytes += 2 * a.numel() * a.element_size()
-        if len(self._pairs) >= self.max_records or self._bytes >= self.max_bytes:
+            self._device = a.device
+        n_cols = a.shape[-1] if a.dim() else 1
+        width = self._triton.tile_columns(n_cols)
+        launch = self._next
+        group = launch.groups.get((fmt, width))
+        if group is None:
+            group = launch.groups[(fmt, width)] = _Group(self._triton.TILE_ELEMENTS // width)
+        slot = launch.count
+        launch.count = slot + 1
+        n_rows = a.numel() // max(n_cols, 1)
+        group.pairs.append((a, b, slot))
+        # the kernel's entry: a's address, b's address, rows, columns, result slot, first tile
+        group.table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, group.tiles)
+        group.tiles += -(-n_rows // group.rows_per_tile)
+        self._bytes += 2 * a.nbytes
+        if launch.count >= self.max_records or self._bytes >= self.max_bytes:
             self.launch()
-        return pending
+        return PendingStats(numel=a.numel(), launch=launch, index=slot, rows=rows)
 
     def launch(self) -> None:
         """Enqueue every queued pair's statistics (no host synchronisation) and empty the batch."""
-        if not self._pairs:
+        launch = self._next
+        if not launch.count:
             return
-        from ulptrace import _ulp_triton
-
-        pairs, self._pairs, self._bytes = self._pairs, [], 0
-        slab = torch.zeros(len(pairs), _ulp_triton.RECORD_SLOTS, dtype=torch.int64, device=pairs[0][0].device)
-        groups: dict[tuple[FloatFormat, int], list[tuple[torch.Tensor, torch.Tensor, int]]] = {}
-        for slot, (a, b, fmt, pending) in enumerate(pairs):
-            pending.buffer, pending.index, pending.batch = slab, slot, None
-            width = _ulp_triton.tile_columns(a.shape[-1] if a.dim() else 1)
-            groups.setdefault((fmt, width), []).append((a, b, slot))
-        for (fmt, _), group in groups.items():
-            for start in range(0, len(group), _ulp_triton.MAX_RECORDS):
-                _ulp_triton.launch_records(group[start:start + _ulp_triton.MAX_RECORDS], fmt, slab)
+        self._next, self._bytes = _Launch(self), 0
+        slab = torch.zeros(launch.count, self._triton.RECORD_SLOTS, dtype=torch.int64, device=self._device)
+        for (fmt, _), group in launch.groups.items():
+            self._triton.launch_records(group.pairs, fmt, slab, table=(group.table, group.tiles))
+        launch.slab = slab
         if slab.is_cuda:  # (the Triton interpreter reads host memory at once)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(slab.device))
-            self._reading.append((event, pairs))
+            self._reading.append((event, launch))
             while self._reading and self._reading[0][0].query():  # read: released
-                self._reading.popleft()
+                self._reading.popleft()[1].groups = None
+        else:
+            launch.groups = None
 
 
 # boundaries of the row codes: 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" (torch.bucketize:
@@ -896,23 +935,23 @@ def resolve_stats(pending: list[PendingStats]) -> list[RecordStats]:
     """The results of :func:`pending_stats` calls, in order: batches not launched yet are launched, and every
     device result slab is read in one copy. Each result is decoded once and kept (a pending statistic shared by
     several records, e.g. an input that is another record's output, is listed once per record)."""
-    for p in pending:
-        if p.batch is not None:
-            p.batch.launch()
-    slabs: dict[int, int] = {}  # id(slab) -> its first row in the copy
+    firsts: dict[int, int] = {}  # id(launch) -> its slab's first row in the copy
     parts = []
     rows = 0
     for p in pending:
-        if p.value is None and id(p.buffer) not in slabs:
-            slabs[id(p.buffer)] = rows
-            parts.append(p.buffer)
-            rows += p.buffer.shape[0]
+        launch = p.launch
+        if p.value is None and id(launch) not in firsts:
+            if launch.slab is None:
+                launch.batch.launch()
+            firsts[id(launch)] = rows
+            parts.append(launch.slab)
+            rows += launch.count
     if parts:
         host = torch.cat(parts).tolist()
         for p in pending:
             if p.value is None:
-                p.value = _from_slots(host[slabs[id(p.buffer)] + p.index], p.numel, p.rows)
-                p.buffer = None
+                p.value = _from_slots(host[firsts[id(p.launch)] + p.index], p.numel, p.rows)
+                p.launch = None
     return [p.value for p in pending]
 
 

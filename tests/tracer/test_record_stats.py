@@ -205,9 +205,10 @@ def test_a_batch_groups_launches_by_format_and_width_and_reads_each_pair_from_it
     assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
     launches = []
 
-    def launch(pairs, fmt, out):
+    def launch(pairs, fmt, out, table=None):
         widths = {_ulp_triton.tile_columns(a.shape[-1] if a.dim() else 1) for a, _, _ in pairs}
         assert len(widths) == 1 and 0 < len(pairs) <= _ulp_triton.MAX_RECORDS
+        assert table == _ulp_triton.table_of(pairs)  # the batch's table, built as the pairs came, is the launch's
         assert all(a.dtype == fmt.int_dtype and b.dtype == fmt.int_dtype for a, b, _ in pairs)
         for a, b, slot in pairs:
             out[slot] += torch.tensor(_ulp_cpu.stats(a, b, fmt, rows=True))
@@ -231,6 +232,9 @@ def test_a_batch_groups_launches_by_format_and_width_and_reads_each_pair_from_it
     batch = U.StatsBatch()  # a recorded input's statistics: no row statistics in the result
     pending = [batch.add(U.bits(a), U.bits(b), FORMATS[a.dtype], rows=False) for _, a, b in pairs]
     assert [tuple(s) for s in resolve_stats(pending + pending[:3])] == [e[:4] + (None, {}) for e in expected + expected[:3]]
+    limit = _ulp_triton.MAX_RECORDS
+    with pytest.raises(ValueError, match=f"max_records must be 1 to {limit} .a launch's table., but got {limit + 1}"):
+        U.StatsBatch(max_records=limit + 1)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs Triton with TRITON_INTERPRET=1")
