@@ -30,6 +30,7 @@ class ModelSpec:
     config_class: str
     config: dict[str, Any]
     description: str
+    parameters: int  # its parameter count (tested against the model built on the meta device: count_parameters)
 
 
 # Qwen3.5-0.8B's text backbone, copied from shared/models/qwen3.5-0.8b.json (weights are not
@@ -85,6 +86,7 @@ MODELS: dict[str, ModelSpec] = {
                 "max_position_embeddings": 4096,
             },
             description="Qwen3.5 hybrid (GatedDeltaNet + gated full attention), 4 layers, hidden 128",
+            parameters=988_496,
         ),
         ModelSpec(
             name="tiny-llama",
@@ -104,6 +106,7 @@ MODELS: dict[str, ModelSpec] = {
                 "max_position_embeddings": 4096,
             },
             description="Llama family (RMSNorm with weight, SwiGLU, GQA), 3 layers, hidden 128",
+            parameters=721_792,
         ),
         ModelSpec(
             name="qwen3.5-0.8b",
@@ -111,6 +114,7 @@ MODELS: dict[str, ModelSpec] = {
             config_class="Qwen3_5TextConfig",
             config=_QWEN35_08B,
             description="Qwen3.5-0.8B text backbone shape, seeded random weights (for GPU runs)",
+            parameters=752_393_024,
         ),
     )
 }
@@ -288,7 +292,7 @@ def list_models() -> list[dict[str, Any]]:
         {
             "name": spec.name,
             "family": spec.family,
-            "parameters": count_parameters(spec.name),
+            "parameters": spec.parameters,
             "description": spec.description,
         }
         for spec in MODELS.values()

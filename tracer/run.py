@@ -103,6 +103,10 @@ class RunConfig:
                              f"{self.judge_workers}" + ("" if self.oracle else " with the oracle off (--no-oracle)"))
         if self.reference_memory not in ("auto", "device", "host"):
             raise ValueError(f"--reference-memory must be one of auto, device, host, but got {self.reference_memory!r}")
+        if self.concurrent and self.reference_memory != "auto":
+            raise ValueError(f"--reference-memory {self.reference_memory} says where this process keeps the reference's "
+                             "records, but --concurrent records them in a process of its own (they arrive in parts "
+                             "and go once compared): drop one of them")
         if self.cache_len is not None and self.reference_mode == self.candidate_mode == "eager":
             raise ValueError(f"--cache-len sizes the static cache of the static and graph modes, but both sides run "
                              f"eager (dynamic cache); got --cache-len {self.cache_len} with no static or graph mode")

@@ -519,3 +519,19 @@ def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, exp
     with pytest.raises(_Seen):
         main(["onset", "--model", "tiny-llama", *flags])
     assert seen[0].concurrent is expected
+
+
+def test_where_this_process_keeps_the_reference_is_refused_with_concurrent(capsys) -> None:
+    """``--reference-memory`` says where this process keeps the reference's records; with ``--concurrent`` they are
+    recorded in a process of its own and none are kept here: asking for both is a usage error naming both, not an
+    option accepted and ignored (no process is started)."""
+    for memory in ("device", "host"):
+        with pytest.raises(ValueError, match=f"--reference-memory {memory} says where this process keeps the "
+                                             "reference's records, but --concurrent records them in a process of its "
+                                             "own"):
+            RunConfig(model="tiny-llama", concurrent=True, reference_memory=memory).validate()
+    RunConfig(model="tiny-llama", concurrent=True, reference_memory="auto").validate()  # its default: accepted
+    RunConfig(model="tiny-llama", reference_memory="host").validate()
+    assert main(["onset", "--model", "tiny-llama", "--concurrent", "--reference-memory", "host"]) == 2
+    err = capsys.readouterr().err
+    assert "--reference-memory host says where this process keeps" in err and "Traceback" not in err

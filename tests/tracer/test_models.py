@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ulptrace.models import MODELS, build_model, list_models, twin
+from ulptrace.models import MODELS, build_model, count_parameters, list_models, twin
 from ulptrace.run import greedy, make_prompts
 
 
@@ -100,6 +100,8 @@ def test_real_shape_config_matches_shared_json() -> None:
 def test_list_models_and_unknown_name() -> None:
     listed = {m["name"]: m for m in list_models()}
     assert set(listed) == {"tiny-qwen3.5", "tiny-llama", "qwen3.5-0.8b"}
+    for name, spec in MODELS.items():  # the table's counts are the models' (built on the meta device)
+        assert listed[name]["parameters"] == spec.parameters == count_parameters(name), name
     assert 700e6 < listed["qwen3.5-0.8b"]["parameters"] < 900e6
     with pytest.raises(KeyError, match="unknown model 'nope'.*tiny-qwen3.5.*tiny-llama"):
         build_model("nope")
