@@ -234,26 +234,29 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     tensors must not change until then)."""
     reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
     ref, cand = reference.out, candidate.out
+    shape, dtype = ref.shape, ref.dtype  # (each read of a tensor's shape makes a new object: read once)
+    cand_shape, cand_dtype = cand.shape, cand.dtype
     note = None
-    if ref.shape == cand.shape and ref.dtype != cand.dtype and ref.is_floating_point() and cand.is_floating_point():
+    if dtype != cand_dtype and shape == cand_shape and ref.is_floating_point() and cand.is_floating_point():
         # e.g. a kernel that emits the GDN decay gate in BF16 where HF keeps FP32: compare (and judge) in the
         # reference's dtype, and say so; a narrower candidate converts exactly.
         # ULP statistics are in the reference's dtype; the oracle judges the candidate's own values (a wider
         # candidate that skips the final rounding is then a boundary, not hidden by a cast).
-        note = (f"candidate stores {dtype_name(cand.dtype)}, reference {dtype_name(ref.dtype)}: ULPs counted in "
+        note = (f"candidate stores {dtype_name(cand_dtype)}, reference {dtype_name(dtype)}: ULPs counted in "
                 "the reference's dtype")
-        cand = cand.to(ref.dtype)
-    if ref.shape != cand.shape or ref.dtype != cand.dtype:
+        cand, cand_dtype = cand.to(dtype), dtype
+    if shape != cand_shape or dtype != cand_dtype:
         return {
             "site": reference.site, "step": reference.step,
-            "reason": f"reference has {dtype_name(ref.dtype)} {list(ref.shape)}, "
-                      f"candidate has {dtype_name(cand.dtype)} {list(cand.shape)}",
+            "reason": f"reference has {dtype_name(dtype)} {list(shape)}, "
+                      f"candidate has {dtype_name(cand_dtype)} {list(cand_shape)}",
         }
     # statistics where the candidate's record was produced, started without waiting for the device
     inputs: dict[str, Stats | None] = {}
+    candidate_inputs = candidate.inputs
     for role, r_in in reference.inputs.items():
-        c_in = candidate.inputs.get(role)
-        if c_in is None or c_in.shape != r_in.shape or c_in.dtype != r_in.dtype:
+        c_in = candidate_inputs.get(role)
+        if c_in is None or c_in.dtype != r_in.dtype or c_in.shape != r_in.shape:
             inputs[role] = None
             continue
         seen = known.get(r_in, c_in) if known is not None else None
@@ -266,7 +269,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     if known is not None and note is None:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
-                           list(ref.shape), dtype_name(ref.dtype), note, stats, inputs)
+                           list(shape), dtype_name(dtype), note, stats, inputs)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending
@@ -288,14 +291,22 @@ class _PendingDiff:
 
 def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
     """The ``SiteDiff`` of each ``start_diff`` result, in order, waiting for the device once."""
-    waiting = [x for p in pending for s in (p.stats, *p.inputs.values())
-               for x in (s if type(s) is _Parts else (s,)) if isinstance(x, PendingStats)]
-    results = iter(resolve_stats(waiting))
+    waiting = []
+    for p in pending:
+        for x in (p.stats, *p.inputs.values()):
+            if type(x) is PendingStats:
+                waiting.append(x)
+            elif type(x) is _Parts:
+                waiting += [part for part in x if type(part) is PendingStats]
+    resolve_stats(waiting)  # each one's value is known now
 
     def done(x: Stats) -> RecordStats:
-        if type(x) is _Parts:
+        kind = type(x)
+        if kind is PendingStats:
+            return x.value
+        if kind is _Parts:
             return merge_record_stats([done(part) for part in x])
-        return next(results) if isinstance(x, PendingStats) else x
+        return x
 
     diffs = []
     for p in pending:
@@ -314,7 +325,12 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
             shape=p.shape, input_delta=inputs, note=p.note, max_row_ulp=stats.max_row_ulp,
             row_histogram=stats.row_histogram,
         )
-        judged = p.judged.result() if callable(getattr(p.judged, "result", None)) else p.judged
+        judged = p.judged
+        if judged is None:
+            diffs.append(diff)
+            continue
+        if callable(getattr(judged, "result", None)):
+            judged = judged.result()
         for key, value in (judged or {}).items():
             if key == "note" and diff.note:
                 value = f"{diff.note}; {value}"
