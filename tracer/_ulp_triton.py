@@ -117,7 +117,7 @@ def stats(bits_a: torch.Tensor, bits_b: torch.Tensor, fmt: Any, *, max_programs:
 # time, more than the kernel itself on a small record).
 RECORD_SLOTS = 32
 RECORD_LAYOUT = {"codes": (0, 19), "bits_differ": 19, "max_ulp": 20, "row_codes": (21, 30), "max_row_bits": 30}
-SEARCH = 12  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
+SEARCH = 9  # binary-search steps that find a program's record: a launch takes up to 2**SEARCH records
 MAX_RECORDS = 1 << SEARCH
 TILES = (16, 128, 1024)  # columns of a tile (short, medium and long rows): few kernel variants per run
 TILE_ELEMENTS = 2048  # elements of a tile: 2048 // columns rows

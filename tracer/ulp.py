@@ -813,7 +813,7 @@ class StatsBatch:
     step here, none at the launch: a traced step queues hundreds).
     """
 
-    def __init__(self, max_records: int = 2048, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20) -> None:
         from ulptrace import _ulp_triton
 
         if not 0 < max_records <= _ulp_triton.MAX_RECORDS:
