@@ -63,6 +63,7 @@ from ulptrace.processes import (
     remote_error,
     spawn_context,
 )
+from ulptrace.reading import UntilRead
 from ulptrace.trace import Record
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this si
 # values this large are handed to the reference's sink uncopied (Sink.live_bytes: a long prompt's logits, gigabytes):
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
+WAITING_BYTES = 2 * PART_BYTES  # arenas read here and waiting for the device to pass them, at most (RemoteTrace)
 
 
 class _Shipper:
@@ -292,7 +294,8 @@ class RemoteTrace:
         # device has read them (_let_go): torch's end of a CUDA IPC memory synchronises the current stream, which
         # stops this side's run at every message if the last view of one goes while the run goes on
         self._held: list[list[torch.Tensor]] = []
-        self._unused: collections.deque[tuple[torch.cuda.Event, list[list[torch.Tensor]]]] = collections.deque()
+        # those no view holds, until the device has read them (at most WAITING_BYTES: the oldest waited for past it)
+        self._unused = UntilRead(WAITING_BYTES, drop=self._drop_quietly)
         self._quiet: torch.cuda.Stream | None = None  # a stream nothing runs on: what those synchronisations wait for
 
     @property
@@ -369,24 +372,25 @@ class RemoteTrace:
     def _let_go(self, wait: bool = False) -> None:
         """Give back to the reference the arenas of messages no view of which is left here (their storages used by
         the arenas held alone), once the device has read them (an event recorded when they were found unused;
-        ``wait``: waiting for it). Their memory goes while a stream nothing runs on is the current one, so torch's
-        synchronisation at an IPC memory's end waits for nothing: the event already says that this side's reads of it
-        are done. An arena a view still holds is kept (a record kept for the oracle, say); if the counts are ever
-        wrong, letting go of an arena a view holds only leaves its end to that view (torch's own synchronisation)."""
+        ``wait``: waiting for it; more than ``WAITING_BYTES`` waiting: the oldest waited for, so that a long prefill,
+        whose device work runs far behind this host, does not hold its records twice over). Their memory goes while a
+        stream nothing runs on is the current one, so torch's synchronisation at an IPC memory's end waits for
+        nothing: the event already says that this side's reads of it are done. An arena a view still holds is kept (a
+        record kept for the oracle, say); if the counts are ever wrong, letting go of an arena a view holds only leaves
+        its end to that view (torch's own synchronisation)."""
         unused = _unused(self._held)
         if unused:
             ids = {id(arenas) for arenas in unused}
             self._held = [arenas for arenas in self._held if id(arenas) not in ids]
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(unused[0][0].device))
-            self._unused.append((event, unused))
-        while self._unused and (wait or self._unused[0][0].query()):
-            event, unused = self._unused.popleft()
-            event.synchronize()
-            if self._quiet is None:
-                self._quiet = torch.cuda.Stream(unused[0][0].device)
-            with torch.cuda.stream(self._quiet):
-                unused.clear()  # the arenas' last references: their memory goes back to the reference now
+            self._unused.add(unused, sum(a.nbytes for arenas in unused for a in arenas), unused[0][0].device)
+        self._unused.release(wait)
+
+    def _drop_quietly(self, unused: list[list[torch.Tensor]]) -> None:
+        """The last references to read arenas, dropped while a stream nothing runs on is current (``_let_go``)."""
+        if self._quiet is None:
+            self._quiet = torch.cuda.Stream(unused[0][0].device)
+        with torch.cuda.stream(self._quiet):
+            unused.clear()  # the arenas' last references: their memory goes back to the reference now
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -430,9 +434,11 @@ class RemoteTrace:
         run's time went on both sides: the reference's run (``run_s``), in it its packing (``pack_s``), its handing
         messages to the queue (``put_s``: it waits while ``AHEAD`` are not taken, i.e. while this side is behind) and
         its waits for live reads; this side's waits for messages (``candidate_waited_s``: the reference is behind)
-        and their unpacking)."""
+        and their unpacking), and ``arena_waits``, how often this side waited for the device to pass arenas it had
+        read because more than ``WAITING_BYTES`` of them were waiting (a long prefill's device work behind)."""
         self.keys()
         self.done[-1]["seconds"].update(self.seconds)  # type: ignore[index]
+        self.done[-1]["arena_waits"] = self._unused.waited  # type: ignore[index]
         return self.done  # type: ignore[return-value]
 
 

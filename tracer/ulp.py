@@ -24,7 +24,6 @@ the bit patterns (no Python loops over elements):
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import struct
@@ -34,6 +33,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 from ulptrace import _ulp_cpu
+from ulptrace.reading import UntilRead
 
 __all__ = [
     "FORMATS",
@@ -813,7 +813,7 @@ class StatsBatch:
     step here, none at the launch: a traced step queues hundreds).
     """
 
-    def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20) -> None:
+    def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20, max_reading_bytes: int = 512 << 20) -> None:
         from ulptrace import _ulp_triton
 
         if not 0 < max_records <= _ulp_triton.MAX_RECORDS:
@@ -826,8 +826,9 @@ class StatsBatch:
         self._bytes = 0
         # launched pairs, held until the device has read them (an event each launch): memory another process shares
         # through CUDA IPC (onset --concurrent's reference) goes back to it when the last tensor here is dropped — a
-        # count on the host, not this stream's order — and it may write there at once
-        self._reading: collections.deque[tuple[torch.cuda.Event, _Launch]] = collections.deque()
+        # count on the host, not this stream's order — and it may write there at once. At most max_reading_bytes:
+        # a long prefill's launches run far behind the host (ulptrace.reading)
+        self._reading = UntilRead(max_reading_bytes, drop=_read)
 
     def __len__(self) -> int:
         return self._next.count
@@ -862,19 +863,20 @@ class StatsBatch:
         launch = self._next
         if not launch.count:
             return
-        self._next, self._bytes = _Launch(self), 0
+        nbytes, self._next, self._bytes = self._bytes, _Launch(self), 0
         slab = torch.zeros(launch.count, self._triton.RECORD_SLOTS, dtype=torch.int64, device=self._device)
         for (fmt, _), group in launch.groups.items():
             self._triton.launch_records(group.pairs, fmt, slab, table=(group.table, group.tiles))
         launch.slab = slab
         if slab.is_cuda:  # (the Triton interpreter reads host memory at once)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(slab.device))
-            self._reading.append((event, launch))
-            while self._reading and self._reading[0][0].query():  # read: released
-                self._reading.popleft()[1].groups = None
+            self._reading.add(launch, nbytes, slab.device)
         else:
-            launch.groups = None
+            _read(launch)
+
+
+def _read(launch: _Launch) -> None:
+    """A launch the device has read: its pairs go (its results stay in its slab)."""
+    launch.groups = None
 
 
 # boundaries of the row codes: 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" (torch.bucketize:
