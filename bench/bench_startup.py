@@ -51,12 +51,12 @@ def main() -> None:
         p.error(f"--repeats must be >= 1, but got {args.repeats}")
     runs: dict[str, list[dict[str, float]]] = {"helper order": [], "context-first": []}
     for _ in range(args.repeats):
-        for order in runs:
+        for order, marks in runs.items():
             done = subprocess.run([sys.executable, "-c", _STAGES, args.model, args.device, order],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"a fresh interpreter's start-up failed ({order}):\n{done.stderr[-2000:]}")
-            runs[order].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            marks.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for order, marks in runs.items():
         print(f"{order} (cumulative seconds from the interpreter's first line; min over {args.repeats}):")
         for stage in marks[0]:

@@ -784,7 +784,7 @@ class _Launch:
     until the device has read them) and the kernel's table, built as the pairs arrive (``ulptrace._ulp_triton``'s six
     int64 an entry); ``slab``, the zeroed int64 results of every pair (a row each), once launched."""
 
-    __slots__ = ("batch", "groups", "slab", "count")
+    __slots__ = ("batch", "count", "groups", "slab")
 
     def __init__(self, batch: StatsBatch) -> None:
         self.batch, self.groups, self.slab, self.count = batch, {}, None, 0
@@ -793,7 +793,7 @@ class _Launch:
 class _Group:
     """The pairs of one float format and tile width in a :class:`_Launch` and the table that launches them."""
 
-    __slots__ = ("pairs", "table", "tiles", "rows_per_tile")
+    __slots__ = ("pairs", "rows_per_tile", "table", "tiles")
 
     def __init__(self, rows_per_tile: int) -> None:
         self.pairs: list[tuple[torch.Tensor, torch.Tensor, int]] = []
