@@ -3,7 +3,9 @@
 # each a fresh process, their reports compared less what says when and in which process: tiny-qwen3.5 with the
 # candidate replayed as CUDA graphs and the oracle; the 0.8B shape with the oracle (P3's workload) judged in 4 processes
 # (--judge-workers 4) against judged here. Each run's line counts the tracebacks and torch's warning that a producer
-# "has been terminated before all shared CUDA tensors released" on its stderr (both must be 0). Logs under $OUT.
+# "has been terminated before all shared CUDA tensors released" on its stderr (both must be 0). P1=1: instead, P1's
+# workload (the 0.8B shape, 8 x 128 tokens, 16 steps, no oracle) with --concurrent against the default, alternating
+# ROUNDS times (default 2), then tiny-qwen3.5 on the same workload once each (twentieth round). Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 TIMEFORMAT=%R
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -26,6 +28,18 @@ print(f"{sys.argv[1]} vs {sys.argv[2]}: reports equal:", _clean(a) == _clean(b),
       "| judged in processes:", a["run"].get("judging_processes"), "/", b["run"].get("judging_processes"))
 PY
 }
+if [ "${P1:-0}" = 1 ]; then
+    W="--prompts 8 --prompt-len 128 --new-tokens 16 --no-oracle"
+    for i in $(seq ${ROUNDS:-2}); do
+        run p1_concurrent_$i --model qwen3.5-0.8b $W --concurrent
+        run p1_sequential_$i --model qwen3.5-0.8b $W
+    done
+    equal p1_concurrent_1 p1_sequential_1
+    run tiny_sequential --model tiny-qwen3.5 $W
+    run tiny_concurrent --model tiny-qwen3.5 $W --concurrent
+    equal tiny_concurrent tiny_sequential
+    exit
+fi
 TINY="--model tiny-qwen3.5 --prompts 2 --prompt-len 16 --new-tokens 4 --candidate-mode graph"
 run tiny_concurrent $TINY --concurrent
 run tiny_sequential $TINY
