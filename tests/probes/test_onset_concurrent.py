@@ -40,6 +40,7 @@ def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
     seconds = concurrent["run"]["reference_process"]["seconds"]
     assert set(seconds) == {"run_s", "pack_s", "put_s", "live_wait_s", "candidate_waited_s", "candidate_unpack_s"}
     assert min(seconds.values()) >= 0 and 0 < seconds["pack_s"] + seconds["put_s"] < seconds["run_s"]
+    assert concurrent["run"]["reference_process"]["arena_waits"] == 0  # host memory: nothing waits for a device
 
 
 def test_a_step_shipped_in_parts_reports_what_the_sequential_onset_does(monkeypatch) -> None:
@@ -225,6 +226,20 @@ def test_large_tensors_shared_as_they_are_on_the_gpu_report_the_same(monkeypatch
     monkeypatch.setattr(concurrent, "PART_BYTES", 1024)
     sequential, concurrent_report = _both(device="cuda", model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
     assert _essentials(concurrent_report) == _essentials(sequential)
+
+
+@pytest.mark.gpu
+def test_arenas_past_the_waiting_budget_are_waited_for_and_the_report_is_the_same(monkeypatch, cuda_kernels) -> None:
+    """Arenas read here wait for the device to pass them up to ``WAITING_BYTES``, then the oldest are waited for
+    (a long prefill's host work runs far ahead of its device work): with a budget of one byte every message's arenas
+    are waited for at once, parts of 1 KiB make many of them, and the report is the sequential onset's."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "PART_BYTES", 1024)
+    monkeypatch.setattr(concurrent, "WAITING_BYTES", 1)
+    sequential, concurrent_report = _both(device="cuda", model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    assert _essentials(concurrent_report) == _essentials(sequential)
+    assert concurrent_report["run"]["reference_process"]["arena_waits"] >= 0
 
 
 @pytest.mark.gpu

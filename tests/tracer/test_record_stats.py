@@ -277,6 +277,28 @@ def test_batched_cuda_stats_equal_the_reference_definitions() -> None:
 
 
 @pytest.mark.gpu
+def test_a_batch_past_its_reading_budget_waits_for_what_it_launched() -> None:
+    """What a batch launched is held until the device has read it, at most ``max_reading_bytes`` (a long prefill's
+    launches run far behind the host): past it the oldest launch is waited for and let go at once — the results
+    are the same."""
+    import gc
+    import weakref
+
+    a, b = torch.randn(64, 512, device="cuda").bfloat16(), torch.randn(64, 512, device="cuda").bfloat16()
+    expected = _expected(a.cpu(), b.cpu())
+    held = weakref.ref(a)
+    batch = U.StatsBatch(max_reading_bytes=1)
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of spinning ahead of the launch on this stream
+    pending = pending_stats(a, b, batch=batch)
+    batch.launch()  # 131,072 bytes launched, over the budget: waited for
+    assert batch._reading.waited == 1 and len(batch._reading) == 0
+    del a, b
+    gc.collect()
+    assert held() is None, "held past the budget"
+    assert tuple(resolve_stats([pending])[0]) == expected
+
+
+@pytest.mark.gpu
 def test_a_batch_holds_what_it_launched_until_the_device_has_read_it() -> None:
     """Memory another process shares (CUDA IPC: onset --concurrent's reference) goes back to it when this process
     drops its last tensor, whatever this stream still has to do: a launched pair is held until an event after its
