@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 
-def _recorded(device: torch.device) -> Any:
+def recorded_event(device: torch.device) -> Any:
     """A CUDA event recorded on ``device``'s current stream (after the work enqueued so far)."""
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
@@ -31,7 +31,7 @@ class UntilRead:
     reference is let go here); ``event(device)`` makes the recorded event (CUDA's; tests give their own)."""
 
     def __init__(self, max_bytes: int, drop: Callable[[Any], None] | None = None,
-                 event: Callable[[torch.device], Any] = _recorded) -> None:
+                 event: Callable[[torch.device], Any] = recorded_event) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, but got {max_bytes}")
         self.max_bytes, self._drop, self._event = max_bytes, drop, event

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ulptrace.reading import recorded_event
 
 SCHEMA = "ulptrace.trace"
 SCHEMA_VERSION = 1
@@ -240,11 +241,7 @@ class TraceWriter:
             # two views of one copy (a recorder serves a view of a value it copied by a view of that copy)
             tensors[k] = own.clone() if where in storages and own.nbytes else own  # own: host memory
             storages.add(where)
-        events = []
-        for device in devices:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            events.append(event)
+        events = [recorded_event(device) for device in devices]
         self._writing = self._writer.submit(self._write, name, tensors, events)
         self._pending = {}
         self._stored = {}
