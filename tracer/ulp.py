@@ -810,7 +810,8 @@ class StatsBatch:
     when it holds ``max_records`` pairs (at most ``_ulp_triton.MAX_RECORDS``) or ``max_bytes`` of them (what it keeps
     alive is bounded), when a pair of another device arrives, and when :func:`resolve_stats` needs any of its
     results; ``launch()`` does it on demand. Each launch's table is built as its pairs arrive (a pair costs one short
-    step here, none at the launch: a traced step queues hundreds).
+    step here, none at the launch: a traced step queues hundreds). What it launched is held until the device has read
+    it, at most ``max_reading_bytes`` of it (``ulptrace.reading.UntilRead``: past that the oldest launch is waited for).
     """
 
     def __init__(self, max_records: int = 512, max_bytes: int = 256 << 20, max_reading_bytes: int = 512 << 20) -> None:
