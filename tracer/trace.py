@@ -41,7 +41,6 @@ OWNER_FILE = "writer.json"  # inside it: the owning process (pid, host, start ti
 
 
 @functools.cache
-@functools.cache  # (named for every record a comparison reports, and every tensor a process ships)
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``: how traces, reports and messages name a dtype (the one spelling)."""
     return str(dtype).removeprefix("torch.")
