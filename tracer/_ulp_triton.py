@@ -220,16 +220,37 @@ def tile_columns(n_cols: int) -> int:
     return next(c for c in TILES if c >= n_cols or c == TILES[-1])
 
 
+class Table:
+    """One launch's records as the kernel reads them, built as they come (``ulptrace.ulp.StatsBatch`` adds each pair
+    as it is queued; :func:`table_of` from a list): ``entries``, six int64 a record (a's address, b's address, rows,
+    columns, result slot, first tile), ``tiles`` so far, every record of tile width ``width``, and the ``pairs``
+    (a, b, slot) whose memory the entries point to."""
+
+    __slots__ = ("entries", "pairs", "rows_per_tile", "tiles", "width")
+
+    def __init__(self, width: int) -> None:
+        self.entries: list[int] = []
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        self.tiles, self.width, self.rows_per_tile = 0, width, TILE_ELEMENTS // width
+
+    def add(self, a: torch.Tensor, b: torch.Tensor, slot: int, n_cols: int) -> None:
+        """Add the pair ``a``, ``b`` (rows of ``n_cols`` elements, of this table's width) with result slot ``slot``."""
+        n_rows = a.numel() // max(n_cols, 1)
+        self.pairs.append((a, b, slot))
+        self.entries += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, self.tiles)
+        self.tiles += -(-n_rows // self.rows_per_tile)
+
+
 def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any, out: torch.Tensor,
-                   table: tuple[list[int], int] | None = None) -> None:
+                   table: Table | None = None) -> None:
     """Enqueue the statistics of record pairs of one float format and one tile width (:func:`tile_columns`) in one
     launch: ``pairs`` are (a, b, result slot), same-shape contiguous tensors on ``out``'s device whose memory is read
     as the format's bit patterns (the values or a bit-pattern view of them)
     (rows are the last dimension); slot ``s``'s results are added into ``out[s]`` (int64, ``RECORD_SLOTS`` per slot,
     zeroed by the caller). No host synchronisation: the launch's table reaches the device by an asynchronous copy.
     The tensors must stay alive and unchanged until the kernel has run (the caller's stream orders it).
-    ``table``: the launch's table and tile count as :func:`table_of` makes them, built by the caller as the pairs
-    arrived (``ulptrace.ulp.StatsBatch``); made here when not given.
+    ``table``: the :class:`Table` of ``pairs``, built by the caller as the pairs arrived (``ulptrace.ulp.StatsBatch``);
+    made here (:func:`table_of`) when not given.
 
     Raises:
         ImportError: Triton is not installed.
@@ -239,34 +260,33 @@ def launch_records(pairs: list[tuple[torch.Tensor, torch.Tensor, int]], fmt: Any
         raise ImportError("the fused ULP statistics need Triton (pip install triton); the torch path serves without")
     if not 0 < len(pairs) <= MAX_RECORDS:
         raise ValueError(f"a launch takes 1 to {MAX_RECORDS} record pairs, but got {len(pairs)}")
-    entries, tiles = table if table is not None else table_of(pairs)
-    cols = tile_columns(entries[3])
+    if table is None:
+        table = table_of(pairs)
+    cols = table.width
     cuda = out.is_cuda
-    host = torch.tensor(entries, dtype=torch.int64, pin_memory=cuda)
+    host = torch.tensor(table.entries, dtype=torch.int64, pin_memory=cuda)
     device_table = host.to(out.device, non_blocking=True) if cuda else host
-    _records_kernel[(tiles,)](
+    _records_kernel[(table.tiles,)](
         device_table, len(pairs), out, ELEM=getattr(tl, _ELEM[fmt.bits]), MAG=fmt.magnitude_mask,
         MAXF=fmt.max_finite_bits, LIMIT=fmt.nan_above, MANT=fmt.mantissa_bits, BIAS=fmt.bias,
-        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=TILE_ELEMENTS // cols, C=cols, STEPS=SEARCH, num_warps=8)
+        WIDE=tl.int64 if fmt.bits > 16 else tl.int32, R=table.rows_per_tile, C=cols, STEPS=SEARCH, num_warps=8)
 
 
-def table_of(pairs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> tuple[list[int], int]:
-    """The kernel's table of ``pairs`` (six int64 a pair: a's address, b's address, rows, columns, result slot, first
-    tile) and the launch's tile count.
+def table_of(pairs: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Table:
+    """The :class:`Table` of ``pairs``, in their order.
 
     Raises:
-        ValueError: pairs of several tile widths.
+        ValueError: pairs of several tile widths (or none).
     """
-    table: list[int] = []
-    tiles = 0
-    cols = None
+    table = None
     for a, b, slot in pairs:
         n_cols = a.shape[-1] if a.dim() else 1
         width = tile_columns(n_cols)
-        if cols is not None and width != cols:
-            raise ValueError(f"one launch serves one tile width, but got rows of {cols} and {width} columns")
-        cols = width
-        n_rows = a.numel() // max(n_cols, 1)
-        table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, tiles)
-        tiles += -(-n_rows // (TILE_ELEMENTS // width))
-    return table, tiles
+        if table is None:
+            table = Table(width)
+        elif width != table.width:
+            raise ValueError(f"one launch serves one tile width, but got rows of {table.width} and {width} columns")
+        table.add(a, b, slot, n_cols)
+    if table is None:
+        raise ValueError("a table needs at least one record pair")
+    return table

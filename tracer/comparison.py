@@ -326,10 +326,7 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
             row_histogram=stats.row_histogram,
         )
         judged = p.judged
-        if judged is None:
-            diffs.append(diff)
-            continue
-        if callable(getattr(judged, "result", None)):
+        if judged is not None and callable(getattr(judged, "result", None)):
             judged = judged.result()
         for key, value in (judged or {}).items():
             if key == "note" and diff.note:

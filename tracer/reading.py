@@ -55,14 +55,12 @@ class UntilRead:
         groups = self._groups
         while groups:
             event, items, nbytes = groups[0]
-            over = self.bytes > self.max_bytes
-            if not (wait or over or event.query()):
+            over, passed = self.bytes > self.max_bytes, event.query()
+            if not (wait or over or passed):
                 break
-            if not wait and over and not event.query():
-                self.waited += 1
+            self.waited += int(over and not (wait or passed))
             event.synchronize()
             groups.popleft()
             self.bytes -= nbytes
             if self._drop is not None:
                 self._drop(items)
-            del items

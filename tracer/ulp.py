@@ -780,25 +780,14 @@ class PendingStats:
 
 
 class _Launch:
-    """One launch of a :class:`StatsBatch` being gathered: per float format and tile width, the pairs (kept alive
-    until the device has read them) and the kernel's table, built as the pairs arrive (``ulptrace._ulp_triton``'s six
-    int64 an entry); ``slab``, the zeroed int64 results of every pair (a row each), once launched."""
+    """One launch of a :class:`StatsBatch` being gathered: per float format and tile width, the kernel's table of
+    its pairs, built as they arrive (``ulptrace._ulp_triton.Table``: the pairs kept alive until the device has read
+    them); ``slab``, the zeroed int64 results of every pair (a row each), once launched."""
 
     __slots__ = ("batch", "count", "groups", "slab")
 
     def __init__(self, batch: StatsBatch) -> None:
         self.batch, self.groups, self.slab, self.count = batch, {}, None, 0
-
-
-class _Group:
-    """The pairs of one float format and tile width in a :class:`_Launch` and the table that launches them."""
-
-    __slots__ = ("pairs", "rows_per_tile", "table", "tiles")
-
-    def __init__(self, rows_per_tile: int) -> None:
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor, int]] = []
-        self.table: list[int] = []
-        self.tiles, self.rows_per_tile = 0, rows_per_tile
 
 
 class StatsBatch:
@@ -844,16 +833,12 @@ class StatsBatch:
         n_cols = a.shape[-1] if a.dim() else 1
         width = self._triton.tile_columns(n_cols)
         launch = self._next
-        group = launch.groups.get((fmt, width))
-        if group is None:
-            group = launch.groups[(fmt, width)] = _Group(self._triton.TILE_ELEMENTS // width)
+        table = launch.groups.get((fmt, width))
+        if table is None:
+            table = launch.groups[(fmt, width)] = self._triton.Table(width)
         slot = launch.count
         launch.count = slot + 1
-        n_rows = a.numel() // max(n_cols, 1)
-        group.pairs.append((a, b, slot))
-        # the kernel's entry: a's address, b's address, rows, columns, result slot, first tile
-        group.table += (a.data_ptr(), b.data_ptr(), n_rows, n_cols, slot, group.tiles)
-        group.tiles += -(-n_rows // group.rows_per_tile)
+        table.add(a, b, slot, n_cols)
         self._bytes += 2 * a.nbytes
         if launch.count >= self.max_records or self._bytes >= self.max_bytes:
             self.launch()
@@ -866,8 +851,8 @@ class StatsBatch:
             return
         nbytes, self._next, self._bytes = self._bytes, _Launch(self), 0
         slab = torch.zeros(launch.count, self._triton.RECORD_SLOTS, dtype=torch.int64, device=self._device)
-        for (fmt, _), group in launch.groups.items():
-            self._triton.launch_records(group.pairs, fmt, slab, table=(group.table, group.tiles))
+        for (fmt, _), table in launch.groups.items():
+            self._triton.launch_records(table.pairs, fmt, slab, table=table)
         launch.slab = slab
         if slab.is_cuda:  # (the Triton interpreter reads host memory at once)
             self._reading.add(launch, nbytes, slab.device)
