@@ -108,7 +108,13 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
         # --reference-memory: on the GPU (device), in host memory (host), or on the GPU while it has room and in
         # host memory after (auto; MemorySink's "auto"), so a long prompt's records still fit beside two models
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
-        ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep)
+
+        def spilling(device: torch.device, kept: int) -> None:
+            say(f"the reference's records have filled their share of {device}'s memory ({kept / 2**30:.2f} GiB kept "
+                "there); the rest go to host memory, which is slower (`--concurrent` streams them instead)")
+
+        ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep,
+                                                                                          on_spill=spilling)
         try:
             ref_tokens, final_ref, rec = _record_side(cfg, "reference", ref_model, prompts, ref_sink, None,
                                                       ref_applied, bar, f"reference {cfg.reference}")
@@ -119,6 +125,9 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
         rec.metadata["path_info"] = ref_applied.info  # read after the run: a path may report what ran
         if isinstance(ref_sink, TraceWriter):
             ref_sink.close(rec.metadata)
+        elif ref_sink.spilled["records"]:  # --reference-memory auto outgrew the GPU's share: said in the run info
+            info["reference_spilled"] = {**ref_sink.spilled, "kept_on_device_bytes": sum(ref_sink.kept_bytes.values()),
+                                         "share": MemorySink.AUTO_SHARE}
         reference = LazyTrace(reference_dir) if isinstance(ref_sink, TraceWriter) else rec.trace
         reference.metadata["path_info"] = rec.metadata["path_info"]
         if cfg.check_observation:

@@ -89,12 +89,15 @@ class MemorySink:
     first record arrived) plus the records kept stays within ``AUTO_SHARE`` of the GPU's memory, and goes to
     the host after (so a short run keeps its reference where comparing it costs nothing, and a long one cannot
     run the GPU out of memory). Counted here, not asked of the allocator per record (its statistics cost
-    0.3 ms a call).
+    0.3 ms a call). What went to the host is counted (``spilled``: records and bytes) and, the first time,
+    ``on_spill(device, kept_bytes)`` is called: a long run's reference outgrowing its GPU share is slow (its copies
+    into page-locked host memory, then each record's way back to be compared) and the caller should say so.
     """
 
     AUTO_SHARE = 0.5
 
-    def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None) -> None:
+    def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None,
+                 on_spill: Callable[[torch.device, int], None] | None = None) -> None:
         self._trace = Trace(metadata)
         self.auto = device == "auto"
         self.device = torch.device("cpu") if self.auto else None if device is None else torch.device(device)
@@ -103,7 +106,10 @@ class MemorySink:
         self.live_bytes = LIVE_BYTES if self.device is not None and self.device.type == "cpu" and not self.auto \
             else None
         self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
-        self._budget: dict[torch.device, int] = {}
+        self._budget: dict[torch.device, int] = {}  # auto: bytes this sink may still keep on each GPU
+        self.kept_bytes: dict[torch.device, int] = {}  # auto: bytes kept on each GPU
+        self.spilled = {"records": 0, "bytes": 0}  # auto: what went to the host past a GPU's share
+        self._on_spill = on_spill
 
     @property
     def trace(self) -> Trace:
@@ -117,22 +123,28 @@ class MemorySink:
         self._trace.metadata = {**metadata, **self._trace.metadata}
 
     def _fits(self, record: Record) -> bool:
-        """``auto``: whether ``record`` may stay on its GPU (see the class doc)."""
+        """``auto``: whether ``record`` may stay on its GPU (see the class doc); counts it where it goes."""
         where = record.out.device
         if where.type != "cuda":
             return True
-        if where not in self._budget:  # bytes this sink may still keep there
+        if where not in self._budget:
             total = torch.cuda.get_device_properties(where).total_memory
             self._budget[where] = int(self.AUTO_SHARE * total) - torch.cuda.memory_allocated(where)
+            self.kept_bytes[where] = 0
         size, seen = record.out.nbytes, {id(record.out)}
         for t in record.inputs.values():  # a tensor in several roles counts once
             if id(t) not in seen:
                 seen.add(id(t))
                 size += t.nbytes
-        if size > self._budget[where]:
-            return False
-        self._budget[where] -= size
-        return True
+        if size <= self._budget[where]:
+            self._budget[where] -= size
+            self.kept_bytes[where] += size
+            return True
+        if not self.spilled["records"] and self._on_spill is not None:
+            self._on_spill(where, self.kept_bytes[where])
+        self.spilled["records"] += 1
+        self.spilled["bytes"] += size
+        return False
 
     def add(self, record: Record) -> None:
         if self.auto and self._fits(record):

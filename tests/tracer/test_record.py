@@ -140,12 +140,18 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     first, second = torch.ones(2**20, device="cuda"), torch.full((2**20,), 2.0, device="cuda")  # 4 MiB each
     # room for one such record above what is allocated now (both records included)
     monkeypatch.setattr(MemorySink, "AUTO_SHARE", (torch.cuda.memory_allocated() + 6 * 2**20) / total)
-    sink = MemorySink(device="auto")
+    said = []
+    sink = MemorySink(device="auto", on_spill=lambda device, kept: said.append((device, kept)))
     sink.add(Record("a", 0, "norm", 0, first, {}))
-    sink.add(Record("b", 0, "norm", 0, second, {}))
+    assert not said and sink.spilled == {"records": 0, "bytes": 0}
+    sink.add(Record("b", 0, "norm", 0, second, {"x": second}))  # a tensor in two roles counts once
+    sink.add(Record("c", 0, "norm", 0, second.clone(), {}))
     trace = sink.trace
     assert trace.get(("a", 0)).out is first  # kept where it was produced
     assert trace.get(("b", 0)).out.device.type == "cpu" and torch.equal(trace.get(("b", 0)).out, second.cpu())
+    # said once, at the first record that went to the host, with what the GPU kept; both spilled records counted
+    assert said == [(first.device, 4 * 2**20)]
+    assert sink.spilled == {"records": 2, "bytes": 8 * 2**20} and sink.kept_bytes == {first.device: 4 * 2**20}
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
