@@ -8,12 +8,20 @@ only; each reference record is released once compared). The oracle judges every 
 inputs. The candidate's own greedy choice is kept too, so the report says at which step its
 tokens would have flipped. Each side runs in its own mode (``eager``, ``static``, ``graph``; see
 ``ulptrace.run``), so a static cache or CUDA-graph replay can be traced against HF's default.
+
+With ``RunConfig.concurrent`` the reference runs in a process of its own while the candidate runs
+(``ulptrace.concurrent``): ``True`` always; ``"auto"`` (the CLI's default) only once the reference, kept in this
+process, has outgrown its share of the GPU's memory (``MemorySink``'s ``auto``): a long prompt's reference then
+goes to host memory, which is slow and large, so the onset stops and starts again streaming it — said, and in the
+run info.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,21 +62,47 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
 @recording_collector()  # both recorders and what is made between them
 def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
                ) -> tuple[Comparison, dict[str, Any]]:
-    if cfg.concurrent:
+    if cfg.concurrent is True:
         if reference_dir is not None:
             raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
         return _run_concurrent(cfg, say, bar)
-    with ExitStack() as stack:
-        check_run(cfg)  # before any process is started
-        pool = _judge_pool(cfg, stack)  # its processes import while this one builds
-        ref_model, cand_model, prompts = build_pair(cfg)
-        if pool is not None:
-            pool.start(ref_model)  # a twin of the reference model as built, before its path is applied
-        comparison, info = _run_sequential(cfg, reference_dir, say, bar, ref_model, cand_model, prompts, pool)
-        _judging_info(info, pool)
-        return comparison, info
+    # "auto": switch once the reference outgrows its GPU share (only where its records are kept here by auto)
+    switch = cfg.concurrent == "auto" and cfg.reference_memory == "auto" and reference_dir is None
+    try:
+        with ExitStack() as stack:
+            check_run(cfg)  # before any process is started
+            pool = _judge_pool(cfg, stack)  # its processes import while this one builds
+            ref_model, cand_model, prompts = build_pair(cfg)
+            if pool is not None:
+                pool.start(ref_model)  # a twin of the reference model as built, before its path is applied
+            comparison, info = _run_sequential(cfg, reference_dir, say, bar, ref_model, cand_model, prompts, pool,
+                                               switch)
+            _judging_info(info, pool)
+            return comparison, info
+    except _Outgrown as exc:
+        outgrown = exc.where
+    # out of the except block: the traceback, and the reference's records its frames held, are gone
+    del ref_model, cand_model, prompts, pool, stack
+    gc.collect()
+    torch.cuda.empty_cache()  # the memory they took goes back to the device, for the reference's own process
+    say(f"the reference's records outgrew their share of {outgrown['device']}'s memory "
+        f"({outgrown['kept_on_device_bytes'] / 2**30:.2f} GiB kept there) at step {outgrown['step']}; starting again "
+        "with the reference in a process of its own, its records streamed as the candidate runs (--no-concurrent: "
+        "keep them here, the rest in host memory)")
+    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar)
+    info["switched_to_concurrent"] = outgrown
+    return comparison, info
+
+
+class _Outgrown(Exception):
+    """The sequential onset's reference outgrew its GPU share (``RunConfig.concurrent == "auto"``): raised from its
+    sink's spill, inside the reference's run, so that the onset starts again with ``--concurrent``."""
+
+    def __init__(self, where: dict[str, Any]) -> None:
+        super().__init__(f"the reference's records outgrew their GPU share: {where}")
+        self.where = where
 
 
 def _judging_info(info: dict[str, Any], pool: JudgePool | None) -> None:
@@ -97,8 +131,10 @@ def _oracle(cfg: RunConfig, ref_model: Any, pool: JudgePool | None) -> Any:
 
 
 def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress,
-                    ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None
-                    ) -> tuple[Comparison, dict[str, Any]]:
+                    ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None,
+                    switch: bool = False) -> tuple[Comparison, dict[str, Any]]:
+    """The onset in this process: the reference recorded and kept, then the candidate streamed against it.
+    ``switch``: a reference outgrowing its GPU share raises ``_Outgrown`` instead of going on in host memory."""
     info = _run_info(cfg)
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
@@ -109,9 +145,14 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
         # host memory after (auto; MemorySink's "auto"), so a long prompt's records still fit beside two models
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
 
-        def spilling(device: torch.device, kept: int) -> None:
-            say(f"the reference's records have filled their share of {device}'s memory ({kept / 2**30:.2f} GiB kept "
-                "there); the rest go to host memory, which is slower (`--concurrent` streams them instead)")
+        def spilling(record: Any, kept: int) -> None:
+            where = {"device": str(record.out.device), "kept_on_device_bytes": kept, "share": MemorySink.AUTO_SHARE,
+                     "site": record.site, "step": record.step}
+            if switch:
+                raise _Outgrown(where)
+            say(f"the reference's records have filled their share of {where['device']}'s memory ({kept / 2**30:.2f} "
+                f"GiB kept there) at step {record.step}; the rest go to host memory, which is slower (`--concurrent` "
+                "streams them instead)")
 
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep,
                                                                                           on_spill=spilling)

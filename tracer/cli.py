@@ -367,7 +367,8 @@ def cmd_onset(args: argparse.Namespace) -> int:
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle,
                   check_observation=args.check_observation, check_reference=args.check_reference,
-                  max_ulp=args.max_ulp, reference_memory=args.reference_memory, concurrent=args.concurrent,
+                  max_ulp=args.max_ulp, reference_memory=args.reference_memory,
+                  concurrent=("auto" if args.tp is None else False) if args.concurrent is None else args.concurrent,
                   judge_workers=args.judge_workers)
     if args.tp is not None and (args.concurrent or args.judge_workers):
         what = "--concurrent runs the reference" if args.concurrent else "--judge-workers runs the oracle"
@@ -678,11 +679,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
                         "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
                         "within half of it, host memory after; CPU runs: in place)")
-    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
-                        "at once. On the H200 a command on the 0.8B shape took 0.8-0.9x its time without, one on a "
-                        "tiny model 1.5x (the process's start-up is not paid back); no gain on a CPU (README)")
+                        "at once. Fastest where one Python process runs several onsets or a run is long; a single "
+                        "short command pays the process's start-up; no gain on a CPU. Default: only once the "
+                        "reference's records, kept in this process, outgrow their share of the GPU's memory (a long "
+                        "prompt's: the onset then starts again this way); --no-concurrent: never (README)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="judge the differing records in N processes of their own while the run goes on (the oracle "
                         "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "

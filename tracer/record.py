@@ -89,15 +89,16 @@ class MemorySink:
     first record arrived) plus the records kept stays within ``AUTO_SHARE`` of the GPU's memory, and goes to
     the host after (so a short run keeps its reference where comparing it costs nothing, and a long one cannot
     run the GPU out of memory). Counted here, not asked of the allocator per record (its statistics cost
-    0.3 ms a call). What went to the host is counted (``spilled``: records and bytes) and, the first time,
-    ``on_spill(device, kept_bytes)`` is called: a long run's reference outgrowing its GPU share is slow (its copies
-    into page-locked host memory, then each record's way back to be compared) and the caller should say so.
+    0.3 ms a call; ``room`` is the bound). What went to the host is counted (``spilled``: records and bytes) and,
+    the first time, ``on_spill(record, kept_bytes)`` is called with the record sent there and what its GPU kept: a
+    long run's reference outgrowing its GPU share is slow (its copies into page-locked host memory, then each
+    record's way back to be compared), and the caller should say so or do otherwise (``onset``).
     """
 
     AUTO_SHARE = 0.5
 
     def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None,
-                 on_spill: Callable[[torch.device, int], None] | None = None) -> None:
+                 on_spill: Callable[[Record, int], None] | None = None) -> None:
         self._trace = Trace(metadata)
         self.auto = device == "auto"
         self.device = torch.device("cpu") if self.auto else None if device is None else torch.device(device)
@@ -106,8 +107,8 @@ class MemorySink:
         self.live_bytes = LIVE_BYTES if self.device is not None and self.device.type == "cpu" and not self.auto \
             else None
         self._copying: set[torch.device] = set()  # GPUs with asynchronous copies not yet waited for
-        self._budget: dict[torch.device, int] = {}  # auto: bytes this sink may still keep on each GPU
-        self.kept_bytes: dict[torch.device, int] = {}  # auto: bytes kept on each GPU
+        self._budget: dict[torch.device, int | None] = {}  # auto: bytes this sink may still keep on each device
+        self.kept_bytes: dict[torch.device, int] = {}  # auto: bytes kept on each GPU (each bounded device)
         self.spilled = {"records": 0, "bytes": 0}  # auto: what went to the host past a GPU's share
         self._on_spill = on_spill
 
@@ -122,15 +123,23 @@ class MemorySink:
         """Called by the recorder on entry: the run's metadata becomes the trace's."""
         self._trace.metadata = {**metadata, **self._trace.metadata}
 
+    @classmethod
+    def room(cls, device: torch.device) -> int | None:
+        """``auto``: the bytes of records this sink may keep on ``device``, from the first record there on —
+        ``AUTO_SHARE`` of a GPU's memory less what is allocated there then; None (no bound) elsewhere: a CPU run's
+        records stay in place."""
+        if device.type != "cuda":
+            return None
+        return int(cls.AUTO_SHARE * torch.cuda.get_device_properties(device).total_memory) \
+            - torch.cuda.memory_allocated(device)
+
     def _fits(self, record: Record) -> bool:
-        """``auto``: whether ``record`` may stay on its GPU (see the class doc); counts it where it goes."""
+        """``auto``: whether ``record`` may stay where it was produced (see the class doc); counts it where it goes."""
         where = record.out.device
-        if where.type != "cuda":
-            return True
         if where not in self._budget:
-            total = torch.cuda.get_device_properties(where).total_memory
-            self._budget[where] = int(self.AUTO_SHARE * total) - torch.cuda.memory_allocated(where)
-            self.kept_bytes[where] = 0
+            self._budget[where] = self.room(where)
+        if self._budget[where] is None:
+            return True
         size, seen = record.out.nbytes, {id(record.out)}
         for t in record.inputs.values():  # a tensor in several roles counts once
             if id(t) not in seen:
@@ -138,10 +147,10 @@ class MemorySink:
                 size += t.nbytes
         if size <= self._budget[where]:
             self._budget[where] -= size
-            self.kept_bytes[where] += size
+            self.kept_bytes[where] = self.kept_bytes.get(where, 0) + size
             return True
         if not self.spilled["records"] and self._on_spill is not None:
-            self._on_spill(where, self.kept_bytes[where])
+            self._on_spill(record, self.kept_bytes.get(where, 0))
         self.spilled["records"] += 1
         self.spilled["bytes"] += size
         return False

@@ -518,10 +518,11 @@ class _Seen(BaseException):  # past the CLI's handling of errors
     pass
 
 
-@pytest.mark.parametrize("flags, expected", [([], False), (["--concurrent"], True), (["--no-concurrent"], False)])
+@pytest.mark.parametrize("flags, expected", [([], "auto"), (["--concurrent"], True), (["--no-concurrent"], False)])
 def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, expected, monkeypatch) -> None:
-    """``ulptrace onset`` runs the reference in a process of its own with ``--concurrent`` only: the process's start-up
-    is paid back on a large model, not on a tiny one (H200: 0.8-0.9x on the 0.8B shape, 1.5x on tiny-qwen3.5)."""
+    """``ulptrace onset`` runs the reference in a process of its own from the start with ``--concurrent`` only (a
+    single short command does not pay back the process's start-up); by default (``"auto"``) only once the reference
+    has outgrown its GPU share (``test_onset_memory``); never with ``--no-concurrent``."""
     import ulptrace.probes.onset as onset_module
 
     seen: list[RunConfig] = []

@@ -141,7 +141,7 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     # room for one such record above what is allocated now (both records included)
     monkeypatch.setattr(MemorySink, "AUTO_SHARE", (torch.cuda.memory_allocated() + 6 * 2**20) / total)
     said = []
-    sink = MemorySink(device="auto", on_spill=lambda device, kept: said.append((device, kept)))
+    sink = MemorySink(device="auto", on_spill=lambda record, kept: said.append((record.site, kept)))
     sink.add(Record("a", 0, "norm", 0, first, {}))
     assert not said and sink.spilled == {"records": 0, "bytes": 0}
     sink.add(Record("b", 0, "norm", 0, second, {"x": second}))  # a tensor in two roles counts once
@@ -150,7 +150,7 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     assert trace.get(("a", 0)).out is first  # kept where it was produced
     assert trace.get(("b", 0)).out.device.type == "cpu" and torch.equal(trace.get(("b", 0)).out, second.cpu())
     # said once, at the first record that went to the host, with what the GPU kept; both spilled records counted
-    assert said == [(first.device, 4 * 2**20)]
+    assert said == [("b", 4 * 2**20)]
     assert sink.spilled == {"records": 2, "bytes": 8 * 2**20} and sink.kept_bytes == {first.device: 4 * 2**20}
 
 
