@@ -22,7 +22,8 @@ done
 python3 - ${MODES:-default concurrent no-concurrent} <<'PY' 2>&1 | tee -a $OUT/switch.log
 import json, sys
 sys.path.insert(0, "bench")
-from spill_diff import _clean, _differences
+from bench_trace import _clean
+from spill_diff import _differences
 runs = {}
 for mode in sys.argv[1:]:
     try:

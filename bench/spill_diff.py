@@ -12,14 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-VOLATILE = ("versions", "device", "path_info", "observation", "reference_process", "judging_processes",
-            "switched_to_concurrent", "reference_spilled")
-
-
-def _clean(data):
-    if isinstance(data, dict):
-        return {k: _clean(v) for k, v in data.items() if k not in VOLATILE}
-    return [_clean(v) for v in data] if isinstance(data, list) else data
+from bench_trace import _clean
 
 
 def _differences(a, b, path="", out=None, limit=12):
