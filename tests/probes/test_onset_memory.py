@@ -45,25 +45,28 @@ def test_a_reference_past_its_room_is_said_and_reports_the_same(monkeypatch) -> 
         next(line for line in said if "share of cpu's memory" in line)]  # said once
 
 
-def test_concurrent_auto_starts_again_streaming_a_reference_that_outgrew_its_room(monkeypatch) -> None:
+@pytest.mark.parametrize("oracle", [False, True], ids=["no oracle", "oracle"])
+def test_concurrent_auto_starts_again_streaming_a_reference_that_outgrew_its_room(monkeypatch, oracle) -> None:
     """``concurrent="auto"``: the reference's first record past its room stops the sequential run; the onset starts
     again with the reference in a process of its own (which keeps nothing here) and reports what the sequential
-    onset does, with the switch in its run info and said once."""
-    sequential = _report(RunConfig(**SMALL))
+    onset does — verdicts too —, with the switch in its run info and said once."""
+    fields = {**SMALL, "oracle": oracle, "model": "tiny-llama" if oracle else SMALL["model"]}
+    sequential = _report(RunConfig(**fields))
     _small_room(monkeypatch)
     said: list[str] = []
     try:
-        comparison, info = run_onset(RunConfig(**SMALL, concurrent="auto"), progress=said.append)
+        comparison, info = run_onset(RunConfig(**fields, concurrent="auto"), progress=said.append)
     finally:
         shutdown()  # the reference's process, kept for a next onset: not for other tests
     switched = info.pop("switched_to_concurrent")
     assert essentials(dict(comparison.to_json(), run=info)) == essentials(sequential)
     assert "reference_process" in info and "reference_spilled" not in info
+    assert oracle == any(site["verdicts"] for site in comparison.to_json()["sites"])  # judged after the switch
     assert switched["step"] in range(SMALL["new_tokens"]) and 0 <= switched["kept_on_device_bytes"] <= TINY_ROOM
     assert switched["site"] and switched["device"] == "cpu"
     assert sum("starting again with the reference in a process of its own" in line for line in said) == 1
     # without the switch (False) or where the records are not kept by auto, nothing starts again
-    for cfg in (RunConfig(**SMALL, concurrent=False), RunConfig(**SMALL, concurrent="auto", reference_memory="host")):
+    for cfg in (RunConfig(**fields, concurrent=False), RunConfig(**fields, concurrent="auto", reference_memory="host")):
         _, info = run_onset(cfg)
         assert "switched_to_concurrent" not in info and "reference_process" not in info
 
