@@ -8,7 +8,7 @@ export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHON
 W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 --warm-repeats ${REPEATS:-3}"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
-timeout 200 python3 bench/bench_trace.py $W --goals P1 P2 P3 P5 --reports /tmp/rs --json $OUT/sequential.json 2>&1 \
+timeout 200 python3 bench/bench_trace.py $W --goals P1 P2 P3 P5 --stats-mib 256 --reports /tmp/rs --json $OUT/sequential.json 2>&1 \
     | grep "^P\|Error" | tee $OUT/sequential.log
 sha256sum /tmp/rs/*.json | tee -a $OUT/sequential.log
 timeout 200 python3 bench/bench_trace.py $W --goals P1 P3 --concurrent --reports /tmp/rc --json $OUT/concurrent.json \
