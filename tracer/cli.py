@@ -678,7 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
                    help="where the reference's records wait to be compared: device (fastest, GPU memory), host "
                         "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
-                        "within half of it, host memory after; CPU runs: in place)")
+                        "within half of it, host memory after — unless the onset switches to --concurrent there, "
+                        "as it does by default; CPU runs: in place)")
     p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
