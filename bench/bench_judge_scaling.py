@@ -59,18 +59,14 @@ def _judge_all(cfg, threads, barrier, results) -> None:
 
 
 def main() -> None:
+    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default="tiny-qwen3.5")
-    p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=4)
+    workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--threads", type=int, default=0, help="torch's intra-op threads per process (0: its default)")
     p.add_argument("--json")
     args = p.parse_args()
-    from bench_trace import check_workload  # this folder: run as python bench/bench_judge_scaling.py
     from ulptrace.run import RunConfig
 
     check_workload(p, args)  # an unknown model or path, a bad count: one line, before any process starts

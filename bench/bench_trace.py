@@ -60,6 +60,26 @@ def _clean(data: object) -> object:
     return data
 
 
+def differences(a, b, path: str = "", out: list[str] | None = None, limit: int = 12) -> list[str]:
+    """The first ``limit`` fields in which two reports (``_clean``ed JSON) differ, by path; [] when equal (a NaN
+    equals itself here, as in the report's text)."""
+    out = [] if out is None else out
+    if len(out) >= limit:
+        return out
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{path}.{k}: only in {'first' if k in a else 'second'}")
+            else:
+                differences(a[k], b[k], f"{path}.{k}", out, limit)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            differences(x, y, f"{path}[{i}]", out, limit)
+    elif json.dumps(a) != json.dumps(b):
+        out.append(f"{path}: {str(a)[:160]} != {str(b)[:160]}")
+    return out
+
+
 def untraced_runner(cfg):
     """A function timing one run of the reference generation and the forced candidate generation, untraced, on
     models built once here (prebuilt: the builds are not timed), with a whole warm-up run done first (a first run
@@ -214,15 +234,16 @@ def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
             "share_of_copy": (read / t_stats) / (2 * a.numel() * a.element_size() / 1e9 / t_copy)}
 
 
-def workload_arguments(p: argparse.ArgumentParser) -> None:
-    """The traced work both benchmarks of tracing take (this one and ``bench_p1_parts.py``): device, model,
-    candidate path, prompts, prompt length, decode steps."""
+def workload_arguments(p: argparse.ArgumentParser, prompts: int = 8, prompt_len: int = 128, new_tokens: int = 16
+                       ) -> None:
+    """The traced work the benchmarks of tracing take (P1's by default; the oracle's and the diagnostic scripts'
+    smaller): device, model, candidate path, prompts, prompt length, decode steps — checked by ``check_workload``."""
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", default="tiny-qwen3.5")
     p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--prompts", type=int, default=prompts)
+    p.add_argument("--prompt-len", type=int, default=prompt_len)
+    p.add_argument("--new-tokens", type=int, default=new_tokens)
 
 
 def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -22,8 +22,7 @@ done
 python3 - ${MODES:-default concurrent no-concurrent} <<'PY' 2>&1 | tee -a $OUT/switch.log
 import json, sys
 sys.path.insert(0, "bench")
-from bench_trace import _clean
-from spill_diff import _differences
+from bench_trace import _clean, differences
 runs = {}
 for mode in sys.argv[1:]:
     try:
@@ -38,7 +37,7 @@ for mode, r in runs.items():
 base = runs.get("no-concurrent")
 for mode in runs:
     if base and mode != "no-concurrent":
-        diff = _differences(_clean(runs[mode]), _clean(base))  # NaN compared as text: json.dumps of each leaf
+        diff = differences(_clean(runs[mode]), _clean(base))  # NaN compared as text: json.dumps of each leaf
         print(f"{mode} vs no-concurrent: reports equal: {not diff}" + "".join(f"\n  {d}" for d in diff))
 PY
 if [ "${DIFF:-1}" = 1 ]; then

@@ -14,17 +14,13 @@ import time
 
 
 def main() -> None:
+    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default="tiny-qwen3.5")
-    p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=4)
+    workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
     p.add_argument("--top", type=int, default=60)
     p.add_argument("--out")
     args = p.parse_args()
-    from bench_trace import check_workload  # this folder: run as python bench/profile_p3.py
     from ulptrace.probes.onset import run_onset
     from ulptrace.run import RunConfig
 

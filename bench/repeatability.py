@@ -16,8 +16,7 @@ import contextlib
 import json
 
 import torch
-from bench_trace import _clean
-from spill_diff import _differences
+from bench_trace import _clean, check_workload, differences, workload_arguments
 
 SDPA = ("default", "flash", "efficient", "math", "cudnn")
 
@@ -55,17 +54,15 @@ def _first_difference(a: list[torch.Tensor], b: list[torch.Tensor]) -> dict | No
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default="tiny-qwen3.5")
-    p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=8)
+    workload_arguments(p, prompts=2, prompt_len=16, new_tokens=8)
     p.add_argument("--repeats", type=int, default=2, help="untraced runs of each side (default 2)")
     p.add_argument("--onsets", type=int, default=0, help="onsets in one mode to compare (0: none)")
     p.add_argument("--sdpa", choices=SDPA, default="default")
     p.add_argument("--json")
     args = p.parse_args()
+    check_workload(p, args)
+    if args.sdpa in ("efficient", "cudnn") and torch.device(args.device).type != "cuda":
+        p.error(f"--sdpa {args.sdpa} is a CUDA backend of torch's attention, but the device is {args.device!r}")
     if args.repeats < 2 or args.onsets < 0:
         p.error(f"--repeats must be >= 2 and --onsets >= 0, but got {args.repeats} and {args.onsets}")
     from ulptrace.paths import apply_path
@@ -96,7 +93,7 @@ def main() -> None:
             for _ in range(args.onsets):
                 comparison, info = run_onset(cfg)
                 reports.append(_clean(dict(comparison.to_json(), run=info)))
-            out["onsets"] = [_differences(reports[0], r) for r in reports[1:]]
+            out["onsets"] = [differences(reports[0], r) for r in reports[1:]]
             for i, diff in enumerate(out["onsets"], 2):
                 print(f"onset {i} vs 1: equal {not diff}" + "".join(f"\n  {d}" for d in diff), flush=True)
     if args.json:

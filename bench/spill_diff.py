@@ -10,39 +10,18 @@ the first differing fields where one does not.
 from __future__ import annotations
 
 import argparse
-import json
 
-from bench_trace import _clean
-
-
-def _differences(a, b, path="", out=None, limit=12):
-    out = [] if out is None else out
-    if len(out) >= limit:
-        return out
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if k not in a or k not in b:
-                out.append(f"{path}.{k}: only in {'first' if k in a else 'second'}")
-            else:
-                _differences(a[k], b[k], f"{path}.{k}", out, limit)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            _differences(x, y, f"{path}[{i}]", out, limit)
-    elif json.dumps(a) != json.dumps(b):  # a NaN equals itself here, as in the report's text
-        out.append(f"{path}: {str(a)[:160]} != {str(b)[:160]}")
-    return out
+from bench_trace import _clean, check_workload, differences, workload_arguments
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--model", default="tiny-qwen3.5")
-    p.add_argument("--candidate", default="kernels:fused")
-    p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=4)
-    p.add_argument("--room-mib", type=float, default=1.0)
+    workload_arguments(p, prompts=2, prompt_len=16, new_tokens=4)
+    p.add_argument("--room-mib", type=float, default=1.0, help="the GPU room of the spilled run (MiB, >= 0)")
     args = p.parse_args()
+    check_workload(p, args)
+    if not args.room_mib >= 0:
+        p.error(f"--room-mib must be >= 0, but got {args.room_mib}")
     from ulptrace.concurrent import shutdown
     from ulptrace.probes.onset import run_onset
     from ulptrace.record import MemorySink
@@ -64,7 +43,7 @@ def main() -> None:
         print(f"{name}: {len(reports[name]['sites'])} sites, spilled {info.get('reference_spilled')}", flush=True)
     shutdown()
     for name in ("spilled", "concurrent"):
-        diff = _differences(reports["device"], reports[name])
+        diff = differences(reports["device"], reports[name])
         print(f"{name} vs device: equal {not diff}" + "".join(f"\n  {d}" for d in diff), flush=True)
 
 
