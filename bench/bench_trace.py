@@ -37,6 +37,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -244,6 +245,7 @@ def workload_arguments(p: argparse.ArgumentParser, prompts: int = 8, prompt_len:
     p.add_argument("--prompts", type=int, default=prompts)
     p.add_argument("--prompt-len", type=int, default=prompt_len)
     p.add_argument("--new-tokens", type=int, default=new_tokens)
+    p.add_argument("--sdpa", default="default", help="torch's attention backend pinned on both models (ulptrace.sdpa)")
 
 
 def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -251,15 +253,21 @@ def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
     an unknown model or path, a device or count the run layer rejects."""
     from ulptrace.models import check_model
     from ulptrace.paths import resolve_path
-    from ulptrace.run import RunConfig
 
     try:
         check_model(args.model)
         resolve_path(args.candidate)
-        RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                  prompt_len=args.prompt_len, new_tokens=args.new_tokens).validate()
+        workload_config(args).validate()
     except (KeyError, ValueError) as exc:
         p.error(str(exc.args[0] if exc.args else exc))
+
+
+def workload_config(args: argparse.Namespace, **fields: Any) -> Any:
+    """The ``RunConfig`` of the workload ``args`` name (``workload_arguments``), with ``fields`` set too."""
+    from ulptrace.run import RunConfig
+
+    return RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
+                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, sdpa=args.sdpa, **fields)
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 full-attention output). Each side's untraced generation runs twice on one model (the candidate fed the reference's
 tokens): its final-position logits at every step are compared bitwise, and the first step that differs is named.
 ``--onsets N`` also runs the onset N times in one mode (the reference kept on the device) and names the first
-differing report fields; ``--sdpa`` pins torch's scaled-dot-product attention to one backend (tells the reference's
-attention backends apart); under ``CUDA_LAUNCH_BLOCKING=1`` a difference that goes away is a race, not a kernel.
+differing report fields; ``--sdpa`` pins torch's scaled-dot-product attention to one backend on both models
+(``ulptrace.sdpa``: tells the attention backends apart); under ``CUDA_LAUNCH_BLOCKING=1`` a difference that goes away is a race, not a kernel.
 
     python bench/repeatability.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 512 --new-tokens 16
 """
@@ -12,23 +12,10 @@ attention backends apart); under ``CUDA_LAUNCH_BLOCKING=1`` a difference that go
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 
 import torch
-from bench_trace import _clean, check_workload, differences, workload_arguments
-
-SDPA = ("default", "flash", "efficient", "math", "cudnn")
-
-
-def _sdpa(name: str):
-    """A context pinning torch's SDPA to one backend (``default``: torch's own choice)."""
-    if name == "default":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                         "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]])
+from bench_trace import _clean, check_workload, differences, workload_arguments, workload_config
 
 
 def _logits(model, prompts, new_tokens, forced=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -57,21 +44,17 @@ def main() -> None:
     workload_arguments(p, prompts=2, prompt_len=16, new_tokens=8)
     p.add_argument("--repeats", type=int, default=2, help="untraced runs of each side (default 2)")
     p.add_argument("--onsets", type=int, default=0, help="onsets in one mode to compare (0: none)")
-    p.add_argument("--sdpa", choices=SDPA, default="default")
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    if args.sdpa in ("efficient", "cudnn") and torch.device(args.device).type != "cuda":
-        p.error(f"--sdpa {args.sdpa} is a CUDA backend of torch's attention, but the device is {args.device!r}")
     if args.repeats < 2 or args.onsets < 0:
         p.error(f"--repeats must be >= 2 and --onsets >= 0, but got {args.repeats} and {args.onsets}")
     from ulptrace.paths import apply_path
-    from ulptrace.run import RunConfig, build_pair
+    from ulptrace.run import build_pair
 
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False, reference_memory="device")
+    cfg = workload_config(args, oracle=False, reference_memory="device")
     out: dict = {"workload": vars(args), "torch": torch.__version__}
-    with _sdpa(args.sdpa), torch.no_grad():
+    with torch.no_grad():
         ref, cand, prompts = build_pair(cfg)
         with apply_path(ref, cfg.reference):
             runs = [_logits(ref, prompts, args.new_tokens) for _ in range(args.repeats)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench_trace import _clean, check_workload, differences, workload_arguments
+from bench_trace import _clean, check_workload, differences, workload_arguments, workload_config
 
 
 def main() -> None:
@@ -25,10 +25,7 @@ def main() -> None:
     from ulptrace.concurrent import shutdown
     from ulptrace.probes.onset import run_onset
     from ulptrace.record import MemorySink
-    from ulptrace.run import RunConfig
 
-    base = {"model": args.model, "candidate": args.candidate, "device": args.device, "prompts": args.prompts,
-            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "oracle": False}
     reports = {}
     for name, fields in (("device", {"reference_memory": "device"}), ("spilled", {}), ("concurrent",
                                                                                       {"concurrent": True})):
@@ -36,7 +33,7 @@ def main() -> None:
         if name == "spilled":
             MemorySink.room = classmethod(lambda cls, device: int(args.room_mib * 2**20))
         try:
-            comparison, info = run_onset(RunConfig(**base, **fields))
+            comparison, info = run_onset(workload_config(args, oracle=False, **fields))
         finally:
             MemorySink.room = room
         reports[name] = _clean(dict(comparison.to_json(), run=info))

@@ -97,7 +97,7 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
             rows += done[batch][1]
         return _report(cfg, count, summary, rows, started, complete=True, resumed=resumed)
     cache_len = None if run.reference_mode == "eager" else run.cache_len or run.prompt_len + run.new_tokens
-    model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed)
+    model = build_model(run.model, dtype=torch_dtype(run.dtype), device=run.device, seed=run.seed, sdpa=run.sdpa)
     prompts = make_prompts(model.config.vocab_size, count, run.prompt_len, run.seed, run.device)
     sites = selected_sites(model, run, ())  # one path: the reference, at every batch size
     meta = {"selection": selection_metadata(run, (), steps=False)}

@@ -173,7 +173,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
             say(f"seed {seed}: every check taken from the resumed report")
             continue
         t0 = time.perf_counter()
-        ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed)
+        ref_model = build_model(run.model, dtype=dtype, device=run.device, seed=seed, sdpa=run.sdpa)
         cand_model = twin(ref_model)
         timing["build_seconds"] += time.perf_counter() - t0
         prompts_all = make_prompts(ref_model.config.vocab_size, max(cfg.batches), run.prompt_len, seed, run.device)

@@ -224,8 +224,12 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
     say = progress or (lambda msg: None)
     cfg = RunConfig(model=args.model, reference=args.reference, candidate=args.candidate, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, cache_len=args.cache_len,
-                    seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites,
+                    seed=args.seed, device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites,
                     kinds=norm_kinds(args.kinds), layers=args.layers, steps=args.steps)
+    from ulptrace.sdpa import default_note
+
+    if default_note(cfg.device, cfg.sdpa):
+        say(default_note(cfg.device, cfg.sdpa))
     say(f"recording {cfg.reference!r} and {cfg.candidate!r} on {cfg.model}: {cfg.prompts} prompts x "
         f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, {', '.join(cfg.kinds)} sites only")
     with ExitStack() as stack:  # the reference's path stays applied while its semantics judge, then is undone

@@ -89,12 +89,12 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
         from ulptrace.models import MODELS, build_model
 
         label = cfg.model if cfg.model in MODELS else None  # a checkpoint directory is named by its path
-        cand = TP.load_sharded(path, group, dtype=dtype, name=label, seed=cfg.seed)
+        cand = TP.load_sharded(path, group, dtype=dtype, name=label, seed=cfg.seed, sdpa=cfg.sdpa)
         ref_model, reference, error, observed = None, None, None, None
         run: dict[str, Any] | None = None
         if group.main:  # the reference: unsharded, this rank only
             try:
-                ref_model = build_model(path, dtype=dtype, device=device, seed=cfg.seed)
+                ref_model = build_model(path, dtype=dtype, device=device, seed=cfg.seed, sdpa=cfg.sdpa)
                 if label is not None:
                     ref_model.ulptrace_model_name = label
                 prompts = _prompts(ref_model, cfg, device)

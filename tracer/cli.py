@@ -30,6 +30,7 @@ class Parser(argparse.ArgumentParser):
 def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> None:
     """Options shared by every command that runs a model (also used by ``trace_norm_rounding``)."""
     from ulptrace.models import DEFAULT_MODEL
+    from ulptrace.sdpa import SDPA_BACKENDS
 
     g = parser.add_argument_group("run")
     g.add_argument("--model", default=DEFAULT_MODEL, help="embedded model name or local HF checkpoint dir "
@@ -42,6 +43,10 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
     g.add_argument("--seed", type=int, default=0, help="seed for weights and prompts")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
+    g.add_argument("--sdpa", default="default", choices=SDPA_BACKENDS,
+                   help="torch's attention backend, pinned on every model of the run (default: torch's choice per "
+                        "call; on CUDA that can be cuDNN's, which did not repeat its bits run after run on an H200 — "
+                        "flash or math do)")
     s = parser.add_argument_group("selection")
     s.add_argument("--sites", nargs="*", default=None, metavar="GLOB", help="site name globs, e.g. 'layers.*.mlp.glu'")
     s.add_argument("--kinds", nargs="*", default=None, metavar="KIND",
@@ -105,9 +110,14 @@ def _config(args: argparse.Namespace, **overrides: Any) -> Any:
     from ulptrace.run import RunConfig
 
     fields = dict(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                  cache_len=args.cache_len, seed=args.seed, device=args.device, dtype=args.dtype, sites=args.sites, kinds=args.kinds,
+                  cache_len=args.cache_len, seed=args.seed, device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites, kinds=args.kinds,
                   layers=args.layers, steps=args.steps)
     fields.update(overrides)
+    from ulptrace.sdpa import default_note
+
+    note = default_note(args.device, args.sdpa)
+    if note:
+        report_progress(note)
     return RunConfig(**fields)
 
 
@@ -274,7 +284,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     cfg.validate()
     resolve_path(args.path)
     forced = forced_tokens(args.forced_from, cfg) if args.forced_from else None
-    model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed, sdpa=cfg.sdpa)
     prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     writer = None
     try:

@@ -186,7 +186,8 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
                 torch.empty(0, device=cfg.device)  # the CUDA context
                 start["context_at"] = time.perf_counter()
             if shipped is None:
-                model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+                model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed,
+                                    sdpa=cfg.sdpa)
             else:
                 model = shipped
             models[key] = model, {**start, "model_at": time.perf_counter(), "model_shipped": shipped is not None}

@@ -167,14 +167,20 @@ def build_model(
     device: str | torch.device = "cpu",
     seed: int = 0,
     attn_implementation: str = "sdpa",
+    sdpa: str = "default",
 ) -> Any:
     """Build an embedded model by name, or load a local HF checkpoint directory.
 
     Returns an HF ``PreTrainedModel`` in eval mode with ``dtype`` parameters on ``device``. The same
     ``(name, seed)`` always gives bitwise the same weights. Raises ``KeyError`` listing the known
-    names when ``name_or_path`` is neither a known name nor an existing directory.
+    names when ``name_or_path`` is neither a known name nor an existing directory. ``sdpa`` pins torch's attention
+    backend for every forward of the model (``ulptrace.sdpa``; ``default``: torch's choice per call).
     """
     import transformers
+
+    from ulptrace.sdpa import check_sdpa, pin_sdpa
+
+    check_sdpa(sdpa, device)
 
     if name_or_path in MODELS:
         spec = MODELS[name_or_path]
@@ -205,7 +211,7 @@ def build_model(
         check_model(name_or_path)
     model.ulptrace_seed = seed  # type: ignore[attr-defined]
     model.requires_grad_(False)
-    return model.eval()
+    return pin_sdpa(model.eval(), sdpa)
 
 
 def prepare(name_or_path: str, attn_implementation: str = "sdpa") -> None:

@@ -162,7 +162,7 @@ def model_key(cfg: Any) -> tuple:
     files: tuple = ()
     if os.path.isdir(cfg.model):
         files = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(cfg.model) if e.is_file()))
-    return cfg.model, files, cfg.dtype, cfg.device, cfg.seed
+    return cfg.model, files, cfg.dtype, cfg.device, cfg.seed, cfg.sdpa
 
 
 def prepare_imports(cfg: Any) -> None:

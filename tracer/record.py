@@ -240,6 +240,7 @@ def model_metadata(model: Any, path: str) -> dict[str, Any]:
         "device": str(param.device) if param is not None else None,
         "seed": getattr(model, "ulptrace_seed", None),
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
+        **({"sdpa": model.ulptrace_sdpa} if getattr(model, "ulptrace_sdpa", "default") != "default" else {}),
         "versions": library_versions(),
         "parameters": parameter_checksums(model),
     }

@@ -63,7 +63,8 @@ def _describe(meta: dict[str, Any]) -> str:
     impl = (meta.get("path_info") or {}).get("implementation")
     ran = f"; kernels ran as {'/'.join(sorted(set(impl.values())))}" if isinstance(impl, dict) and impl else ""
     return (f"{meta.get('path', '?')} on {meta.get('model', '?')} [{meta.get('dtype', '?')}, "
-            f"{meta.get('device', '?')}, attn={meta.get('attn_implementation', '?')}; {vs}{ran}]")
+            f"{meta.get('device', '?')}, attn={meta.get('attn_implementation', '?')}"
+            f"{'/' + meta['sdpa'] if meta.get('sdpa') else ''}; {vs}{ran}]")
 
 
 def rows(data: dict[str, Any], all_rows: bool = False) -> list[dict[str, Any]]:

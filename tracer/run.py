@@ -63,6 +63,7 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "bfloat16"
+    sdpa: str = "default"  # torch's attention backend pinned on both models (ulptrace.sdpa); default: torch's choice
     sites: Sequence[str] | None = None  # glob patterns
     kinds: Sequence[str] | None = None
     layers: str | None = None  # "2:5"
@@ -93,6 +94,9 @@ class RunConfig:
             check_mode(getattr(self, name), self.device, what=name.replace("_", "-"))
         torch_dtype(self.dtype)
         check_device(self.device)
+        from ulptrace.sdpa import check_sdpa
+
+        check_sdpa(self.sdpa, self.device)
         if self.prompts < 1 or self.prompt_len < 1:
             raise ValueError(f"--prompts and --prompt-len must be >= 1, but got {self.prompts} and {self.prompt_len}")
         if self.new_tokens < 1:
@@ -436,7 +440,15 @@ class Session:
             kwargs[self._kwarg] = self.cache
         if positions is not None:
             kwargs["cache_position"] = positions
-        return self.model(ids, **kwargs)
+        try:
+            return self.model(ids, **kwargs)
+        except RuntimeError as exc:
+            from ulptrace.sdpa import no_kernel_error
+
+            error = no_kernel_error(self.model, exc, f"{self.mode} mode's {'decode' if self.cache else 'prefill'}")
+            if error is None:
+                raise
+            raise error from None
 
     @torch.no_grad()
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
@@ -725,7 +737,7 @@ def build_pair(cfg: RunConfig, *, reference: bool = True) -> tuple[Any, Any, tor
     from ulptrace.models import build_model, twin
 
     check_run(cfg)
-    cand_model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed)
+    cand_model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed, sdpa=cfg.sdpa)
     ref_model = twin(cand_model) if reference else None
     prompts = make_prompts(cand_model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
     return ref_model, cand_model, prompts

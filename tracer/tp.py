@@ -262,9 +262,10 @@ def checkpoint_dir(model: str, group: Group, *, dtype: torch.dtype, seed: int) -
 
 
 def load_sharded(path: str, group: Group, *, dtype: torch.dtype, attn_implementation: str = "sdpa",
-                 name: str | None = None, seed: int = 0) -> Any:
+                 name: str | None = None, seed: int = 0, sdpa: str = "default") -> Any:
     """The checkpoint at ``path`` loaded by transformers with its own TP plan over ``group`` (every rank calls
-    this): DTensor parameters, eval mode, no gradients. ``name`` is what traces record as the model."""
+    this): DTensor parameters, eval mode, no gradients, torch's attention backend pinned to ``sdpa``
+    (``ulptrace.sdpa``). ``name`` is what traces record as the model."""
     import transformers
     from transformers.distributed import DistributedConfig
 
@@ -274,7 +275,9 @@ def load_sharded(path: str, group: Group, *, dtype: torch.dtype, attn_implementa
     model.ulptrace_model_name = name or os.path.abspath(path)  # type: ignore[attr-defined]
     model.ulptrace_seed = seed  # type: ignore[attr-defined]
     model.requires_grad_(False)
-    return model.eval()
+    from ulptrace.sdpa import pin_sdpa
+
+    return pin_sdpa(model.eval(), sdpa)
 
 
 def plan_style(model: Any, module_path: str) -> Any | None:

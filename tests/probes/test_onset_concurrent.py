@@ -551,3 +551,13 @@ def test_where_this_process_keeps_the_reference_is_refused_with_concurrent(capsy
     assert main(["onset", "--model", "tiny-llama", "--concurrent", "--reference-memory", "host"]) == 2
     err = capsys.readouterr().err
     assert "--reference-memory host says where this process keeps" in err and "Traceback" not in err
+
+
+def test_the_reference_process_keeps_the_pin() -> None:
+    """--concurrent: the reference recorded in a process of its own runs pinned too — the same report as the
+    sequential onset, and its trace says the pin."""
+    fields = dict(SMALL, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False, sdpa="math")
+    sequential = _report(RunConfig(**fields))
+    concurrent = _report(RunConfig(**fields, concurrent=True))
+    assert concurrent["reference"]["sdpa"] == "math"
+    assert _essentials(concurrent) == _essentials(sequential)
