@@ -145,3 +145,15 @@ def test_a_flash_pin_repeats_its_bits_where_torchs_choice_did_not() -> None:
             greedy(model, prompts, 8, on_logits=lambda step, logits, steps=steps: steps.append(logits[:, -1].clone()))
         runs.append(torch.stack(steps))
     assert all(torch.equal(runs[0].view(torch.int16), r.view(torch.int16)) for r in runs[1:])
+
+
+def test_the_note_reaches_stderr_unless_quiet(monkeypatch, capsys) -> None:
+    """Where the note applies (CUDA, torch's choice, cuDNN's attention enabled) a command says it once on stderr;
+    --quiet keeps it out. The device here is a CPU, so the test asks as if it were not."""
+    import ulptrace.sdpa
+
+    monkeypatch.setattr(ulptrace.sdpa, "default_note", lambda device, backend: f"note: {device} {backend}")
+    assert main(["onset", "--model", "tiny-qwen3.5", "--candidate", "hf", "--no-oracle"]) == 0
+    assert capsys.readouterr().err.count("[ulptrace] note: cpu default") == 1
+    assert main(["onset", "--model", "tiny-qwen3.5", "--candidate", "hf", "--no-oracle", "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().err
