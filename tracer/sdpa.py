@@ -27,11 +27,19 @@ NO_KERNEL = "No available kernel"
 """The start of torch's error when no enabled backend can run an attention call."""
 
 
+def _on_cuda(device: str | torch.device) -> bool:
+    """Whether ``device`` names a CUDA device (False for a name torch does not parse: the device check says why)."""
+    try:
+        return torch.device(device).type == "cuda"
+    except RuntimeError:
+        return False
+
+
 def check_sdpa(backend: str, device: str | torch.device) -> str:
     """``backend`` if it can be pinned on ``device``; else ``ValueError`` naming the choices."""
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"--sdpa must be one of {', '.join(SDPA_BACKENDS)}, but got {backend!r}")
-    if backend in CUDA_ONLY and torch.device(device).type != "cuda":
+    if backend in CUDA_ONLY and not _on_cuda(device):
         raise ValueError(f"--sdpa {backend} is a CUDA backend of torch's attention, but the device is {str(device)!r}"
                          f" (on it: {', '.join(b for b in SDPA_BACKENDS if b not in CUDA_ONLY)})")
     return backend
@@ -85,7 +93,7 @@ def no_kernel_error(model: Any, exc: BaseException, where: str) -> ValueError | 
 def default_note(device: str | torch.device, backend: str) -> str | None:
     """What a user should know when torch may pick cuDNN's attention (``--sdpa default`` on CUDA with torch's cuDNN
     attention enabled): a line for stderr, or None."""
-    if backend != "default" or torch.device(device).type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+    if backend != "default" or not _on_cuda(device) or not torch.backends.cuda.cudnn_sdp_enabled():
         return None
     return ("note: torch may run cuDNN's attention here (--sdpa default); on an H200 with torch 2.11 its output did "
             "not repeat its bits run after run, so two runs' reports can differ — --sdpa flash pins a backend that "
