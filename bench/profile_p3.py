@@ -21,14 +21,13 @@ def main() -> None:
     p.add_argument("--top", type=int, default=60)
     p.add_argument("--out")
     args = p.parse_args()
+    from bench_trace import workload_config
     from ulptrace.probes.onset import run_onset
-    from ulptrace.run import RunConfig
 
     check_workload(p, args)
     if args.top < 1:
         p.error(f"--top must be >= 1, but got {args.top}")
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    cfg = workload_config(args)
     try:
         run_onset(cfg)
     except KeyError as exc:  # a path that names nothing in this model (a fault's site)

@@ -94,9 +94,10 @@ class RunConfig:
             check_mode(getattr(self, name), self.device, what=name.replace("_", "-"))
         torch_dtype(self.dtype)
         check_device(self.device)
-        from ulptrace.sdpa import check_sdpa
+        from ulptrace.sdpa import check_sdpa, refuse_lowered
 
         check_sdpa(self.sdpa, self.device)
+        refuse_lowered(self.sdpa, (self.reference, self.candidate))
         if self.prompts < 1 or self.prompt_len < 1:
             raise ValueError(f"--prompts and --prompt-len must be >= 1, but got {self.prompts} and {self.prompt_len}")
         if self.new_tokens < 1:

@@ -6,7 +6,9 @@ was measured not to repeat its bits run after run on bitwise-equal inputs (``ben
 twenty-second round of ``bench/RESULTS.md``). A reference that does not repeat makes two onsets of the same work
 differ. Pinning a backend that repeats (``flash``, ``math``) makes every run of the model compute the same bits;
 the pin belongs to the model (forward hooks that enter torch's ``sdpa_kernel`` for the length of each forward, kept
-by ``copy.deepcopy`` and pickling), so it holds on both sides, in every mode and in a helper process.
+by ``copy.deepcopy`` and pickling), so it holds on both sides, in every mode and in a helper process. A path that
+compiles the model (``torch.compile``: Inductor lowers attention itself and does not read the pin, measured) refuses
+a pinned model (``refuse_lowered``) rather than run unpinned under the option's name.
 """
 
 from __future__ import annotations
@@ -43,6 +45,25 @@ def check_sdpa(backend: str, device: str | torch.device) -> str:
         raise ValueError(f"--sdpa {backend} is a CUDA backend of torch's attention, but the device is {str(device)!r}"
                          f" (on it: {', '.join(b for b in SDPA_BACKENDS if b not in CUDA_ONLY)})")
     return backend
+
+
+def refuse_lowered(backend: str, paths: Any) -> None:
+    """``ValueError`` when ``backend`` is pinned and one of ``paths`` (names) compiles attention itself (its path
+    function's ``lowers_attention``: torch.compile's Inductor lowers SDPA at compile time and does not read the pin).
+    A name that resolves to no path is left to the path check."""
+    if backend == "default":
+        return
+    from ulptrace.paths import resolve_path
+
+    for name in paths:
+        try:
+            lowered = getattr(resolve_path(name), "lowers_attention", False)
+        except (KeyError, ValueError):
+            continue
+        if lowered:
+            raise ValueError(f"--sdpa {backend} pins the kernel torch's SDPA dispatches to, but path {name!r} compiles "
+                             "the model and its compiler lowers attention itself (the pin would not reach it): use "
+                             f"--sdpa default with {name!r}")
 
 
 def pinned(model: Any) -> str:

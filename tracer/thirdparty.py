@@ -180,7 +180,9 @@ class CompiledModel:
         import torch._dynamo
         import torch._inductor.config as inductor_config
         from torch._dynamo.utils import counters
+        from ulptrace.sdpa import pinned, refuse_lowered
 
+        refuse_lowered(pinned(model), ["compile:emulate" if emulate else "compile"])
         self._model = weakref.ref(model)
         self.emulate = emulate
         self._counters = counters
@@ -251,6 +253,7 @@ for _fn, _name in ((compile_path, "compile"), (compile_emulate_path, "compile:em
     _fn.require = (lambda name=_name: require(name))  # type: ignore[attr-defined]
     _fn.observable_sites = compile_observable_sites  # type: ignore[attr-defined]
     _fn.observed = COMPILE_OBSERVED  # type: ignore[attr-defined]
+    _fn.lowers_attention = True  # type: ignore[attr-defined]  # Inductor lowers SDPA itself: --sdpa does not reach it
 
 
 # -- restoring module, class and instance attributes --------------------------------------------------

@@ -157,3 +157,18 @@ def test_the_note_reaches_stderr_unless_quiet(monkeypatch, capsys) -> None:
     assert capsys.readouterr().err.count("[ulptrace] note: cpu default") == 1
     assert main(["onset", "--model", "tiny-qwen3.5", "--candidate", "hf", "--no-oracle", "--quiet"]) == 0
     assert "note:" not in capsys.readouterr().err
+
+
+def test_a_compiled_path_refuses_a_pin_it_would_not_honour(capsys) -> None:
+    """torch.compile's Inductor lowers attention at compile time and does not read the pin (measured: a math pin left
+    the CPU flash kernel in Inductor's code): refused before any build, and when the path meets a pinned model."""
+    from ulptrace.paths import apply_path
+
+    with pytest.raises(ValueError, match="path 'compile' compiles the model .* use --sdpa default"):
+        RunConfig(candidate="compile", sdpa="math").validate()
+    RunConfig(candidate="compile").validate()  # torch's choice: nothing to refuse
+    assert main(["onset", "--model", "tiny-qwen3.5", "--reference", "compile:emulate", "--sdpa", "flash",
+                 "--quiet"]) == 2
+    assert "path 'compile:emulate' compiles the model" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--sdpa math pins .* path 'compile'"):
+        apply_path(build_model("tiny-qwen3.5", sdpa="math"), "compile")
