@@ -51,6 +51,7 @@ def _set_attention(impl: str) -> PathFn:
         model.set_attn_implementation(impl)
         return lambda: model.set_attn_implementation(previous)
 
+    apply.attention = impl  # type: ignore[attr-defined]  # the HF attention implementation the path runs
     return apply
 
 

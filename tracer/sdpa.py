@@ -48,22 +48,30 @@ def check_sdpa(backend: str, device: str | torch.device) -> str:
 
 
 def refuse_lowered(backend: str, paths: Any) -> None:
-    """``ValueError`` when ``backend`` is pinned and one of ``paths`` (names) compiles attention itself (its path
-    function's ``lowers_attention``: torch.compile's Inductor lowers SDPA at compile time and does not read the pin).
-    A name that resolves to no path is left to the path check."""
+    """``ValueError`` when ``backend`` is pinned and would not reach the attention of the run of ``paths`` (names):
+    one of them compiles attention itself (its path function's ``lowers_attention``: torch.compile's Inductor lowers
+    SDPA at compile time and does not read the pin), or none runs HF's ``sdpa`` attention (each sets another
+    implementation, ``hf:attn=eager``: the function's ``attention``). A name that resolves to no path is left to the
+    path check."""
     if backend == "default":
         return
     from ulptrace.paths import resolve_path
 
+    implementations = []
     for name in paths:
         try:
-            lowered = getattr(resolve_path(name), "lowers_attention", False)
+            fn = resolve_path(name)
         except (KeyError, ValueError):
-            continue
-        if lowered:
+            return
+        if getattr(fn, "lowers_attention", False):
             raise ValueError(f"--sdpa {backend} pins the kernel torch's SDPA dispatches to, but path {name!r} compiles "
                              "the model and its compiler lowers attention itself (the pin would not reach it): use "
                              f"--sdpa default with {name!r}")
+        implementations.append(getattr(fn, "attention", "sdpa"))
+    if implementations and "sdpa" not in implementations:
+        raise ValueError(f"--sdpa {backend} pins the kernel of HF's sdpa attention, but the run's paths "
+                         f"({', '.join(map(repr, paths))}) use {' and '.join(sorted(set(implementations)))} attention: "
+                         "the pin would change nothing; drop --sdpa")
 
 
 def pinned(model: Any) -> str:

@@ -172,3 +172,11 @@ def test_a_compiled_path_refuses_a_pin_it_would_not_honour(capsys) -> None:
     assert "path 'compile:emulate' compiles the model" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--sdpa math pins .* path 'compile'"):
         apply_path(build_model("tiny-qwen3.5", sdpa="math"), "compile")
+
+
+def test_a_pin_no_attention_call_would_read_is_refused() -> None:
+    """Both sides on HF's eager attention: no SDPA call, so a pin is an option that changes nothing — refused; one
+    side on SDPA is a pin that holds there."""
+    with pytest.raises(ValueError, match=r"use eager attention: the pin would change nothing; drop --sdpa"):
+        RunConfig(reference="hf:attn=eager", candidate="hf:attn=eager", sdpa="math").validate()
+    RunConfig(reference="hf", candidate="hf:attn=eager", sdpa="math").validate()
