@@ -13,6 +13,7 @@ backend as ``ulptrace --sdpa`` does.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 
 import torch
@@ -112,9 +113,7 @@ def _compare(base: tuple[list, list], other: tuple[list, list]) -> dict:
         return dict(zip(("op", "module", "step", "inputs"), calls[i]), index=i, inputs_differing=inputs,
                     produced_at={k: [producer(hashes, k), producer(ohashes, k)] for k in inputs})
 
-    kinds: dict[str, int] = {}
-    for i in culprits:
-        kinds[f"{calls[i][0]} in {calls[i][1]}"] = kinds.get(f"{calls[i][0]} in {calls[i][1]}", 0) + 1
+    kinds = collections.Counter(f"{calls[i][0]} in {calls[i][1]}" for i in culprits)
     return {"same_ops": True, "ops": len(calls), "differing_outputs": len(differing),
             "first_differing": named(differing[0]) if differing else None,
             "not_repeating_calls": len(culprits),
@@ -122,7 +121,7 @@ def _compare(base: tuple[list, list], other: tuple[list, list]) -> dict:
             # the first call fed a value unlike the first run's, and where that value was made (an output seen
             # alike in both runs there changed after it was hashed: written later, by another stream)
             "first_fed_differently": consumer(fed) if fed is not None else None,
-            "not_repeating_by_op": kinds}
+            "not_repeating_by_op": dict(kinds)}
 
 
 def main() -> None:

@@ -228,8 +228,9 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
                     kinds=norm_kinds(args.kinds), layers=args.layers, steps=args.steps)
     from ulptrace.sdpa import default_note
 
-    if default_note(cfg.device, cfg.sdpa):
-        say(default_note(cfg.device, cfg.sdpa))
+    note = default_note(cfg.device, cfg.sdpa)
+    if note:
+        say(note)
     say(f"recording {cfg.reference!r} and {cfg.candidate!r} on {cfg.model}: {cfg.prompts} prompts x "
         f"{cfg.prompt_len} tokens, {cfg.new_tokens} steps, {', '.join(cfg.kinds)} sites only")
     with ExitStack() as stack:  # the reference's path stays applied while its semantics judge, then is undone

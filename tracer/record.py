@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from ulptrace.families import is_gated_deltanet
+from ulptrace.sdpa import pinned
 from ulptrace.sites import CONV_FUNCTIONS, GDN_FUNCTIONS, Obs, Site, attention_lookup, site_table, submodule
 from ulptrace.taps import tap
 from ulptrace.trace import Record, Trace, dtype_name, library_versions
@@ -240,7 +241,7 @@ def model_metadata(model: Any, path: str) -> dict[str, Any]:
         "device": str(param.device) if param is not None else None,
         "seed": getattr(model, "ulptrace_seed", None),
         "attn_implementation": getattr(getattr(model, "config", None), "_attn_implementation", None),
-        **({"sdpa": model.ulptrace_sdpa} if getattr(model, "ulptrace_sdpa", "default") != "default" else {}),
+        **({"sdpa": pinned(model)} if pinned(model) != "default" else {}),
         "versions": library_versions(),
         "parameters": parameter_checksums(model),
     }

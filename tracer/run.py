@@ -94,10 +94,10 @@ class RunConfig:
             check_mode(getattr(self, name), self.device, what=name.replace("_", "-"))
         torch_dtype(self.dtype)
         check_device(self.device)
-        from ulptrace.sdpa import check_sdpa, refuse_lowered
+        from ulptrace.sdpa import check_sdpa, refuse_unreached
 
         check_sdpa(self.sdpa, self.device)
-        refuse_lowered(self.sdpa, (self.reference, self.candidate))
+        refuse_unreached(self.sdpa, (self.reference, self.candidate))
         if self.prompts < 1 or self.prompt_len < 1:
             raise ValueError(f"--prompts and --prompt-len must be >= 1, but got {self.prompts} and {self.prompt_len}")
         if self.new_tokens < 1:
@@ -446,7 +446,8 @@ class Session:
         except RuntimeError as exc:
             from ulptrace.sdpa import no_kernel_error
 
-            error = no_kernel_error(self.model, exc, f"{self.mode} mode's {'decode' if self.cache else 'prefill'}")
+            step = "prefill" if self.prompt_len is None else "decode"  # prompt_len: set once the prefill has run
+            error = no_kernel_error(self.model, exc, f"{self.mode} mode's {step}")
             if error is None:
                 raise
             raise error from None

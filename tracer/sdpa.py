@@ -8,7 +8,7 @@ differ. Pinning a backend that repeats (``flash``, ``math``) makes every run of 
 the pin belongs to the model (forward hooks that enter torch's ``sdpa_kernel`` for the length of each forward, kept
 by ``copy.deepcopy`` and pickling), so it holds on both sides, in every mode and in a helper process. A path that
 compiles the model (``torch.compile``: Inductor lowers attention itself and does not read the pin, measured) refuses
-a pinned model (``refuse_lowered``) rather than run unpinned under the option's name.
+a pinned model (``refuse_unreached``, ``lowered_error``) rather than run unpinned under the option's name.
 """
 
 from __future__ import annotations
@@ -47,7 +47,14 @@ def check_sdpa(backend: str, device: str | torch.device) -> str:
     return backend
 
 
-def refuse_lowered(backend: str, paths: Any) -> None:
+def lowered_error(backend: str, name: str) -> ValueError:
+    """The error for a pinned ``backend`` meeting path ``name``, which compiles attention itself."""
+    return ValueError(f"--sdpa {backend} pins the kernel torch's SDPA dispatches to, but path {name!r} compiles the "
+                      "model and its compiler lowers attention itself (the pin would not reach it): use --sdpa "
+                      f"default with {name!r}")
+
+
+def refuse_unreached(backend: str, paths: Any) -> None:
     """``ValueError`` when ``backend`` is pinned and would not reach the attention of the run of ``paths`` (names):
     one of them compiles attention itself (its path function's ``lowers_attention``: torch.compile's Inductor lowers
     SDPA at compile time and does not read the pin), or none runs HF's ``sdpa`` attention (each sets another
@@ -64,9 +71,7 @@ def refuse_lowered(backend: str, paths: Any) -> None:
         except (KeyError, ValueError):
             return
         if getattr(fn, "lowers_attention", False):
-            raise ValueError(f"--sdpa {backend} pins the kernel torch's SDPA dispatches to, but path {name!r} compiles "
-                             "the model and its compiler lowers attention itself (the pin would not reach it): use "
-                             f"--sdpa default with {name!r}")
+            raise lowered_error(backend, name)
         implementations.append(getattr(fn, "attention", "sdpa"))
     if implementations and "sdpa" not in implementations:
         raise ValueError(f"--sdpa {backend} pins the kernel of HF's sdpa attention, but the run's paths "

@@ -180,9 +180,10 @@ class CompiledModel:
         import torch._dynamo
         import torch._inductor.config as inductor_config
         from torch._dynamo.utils import counters
-        from ulptrace.sdpa import pinned, refuse_lowered
+        from ulptrace.sdpa import lowered_error, pinned
 
-        refuse_lowered(pinned(model), ["compile:emulate" if emulate else "compile"])
+        if pinned(model) != "default":
+            raise lowered_error(pinned(model), "compile:emulate" if emulate else "compile")
         self._model = weakref.ref(model)
         self.emulate = emulate
         self._counters = counters

@@ -95,6 +95,8 @@ def test_a_pinned_backend_without_a_kernel_names_the_option(monkeypatch) -> None
     with pytest.raises(ValueError, match=r"--sdpa math: torch's math attention cannot run .* eager mode's prefill "
                                          r"\(torch: No available kernel"):
         greedy(model, prompts, 2)
+    with pytest.raises(ValueError, match=r"in the static mode's prefill \(torch: No available kernel"):
+        greedy(model, prompts, 2, mode="static")
     with pytest.raises(RuntimeError, match="No available kernel"):
         greedy(build_model("tiny-qwen3.5"), prompts, 2)
 
