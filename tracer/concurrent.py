@@ -61,7 +61,9 @@ from ulptrace.processes import (
     prepare_imports,
     record_metas,
     remote_error,
+    shipped_twin,
     spawn_context,
+    start_processes,
 )
 from ulptrace.reading import UntilRead
 from ulptrace.trace import Record
@@ -237,7 +239,7 @@ class _Worker:
         note_unsent(self.commands, self.unsent)
         self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
                                        name="ulptrace-reference")
-        self.process.start()
+        start_processes([self.process])
 
     def stop(self, *, idle: bool = False) -> None:
         """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
@@ -486,15 +488,13 @@ class ReferenceProcess:
         """Send the run. A process without ``cfg``'s model is sent a twin of ``model`` (this side's freshly built
         model, before its path is applied: same model, dtype, device and seed), its memory shared through CUDA IPC
         or shared memory — or, with ``model`` None, builds its own (drawing the weights again)."""
-        from ulptrace.models import twin
-
         worker = self._worker
         if worker is None:
             raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
         key = model_key(self.cfg)
         shipped = None
         if worker.model_key != key:
-            shipped = twin(model) if model is not None else None
+            shipped = shipped_twin(model) if model is not None else None
             worker.model_key, worker.shipped = key, shipped
         self._started = True
         # PART_BYTES and LIVE_BYTES read here: a test may set small ones

@@ -55,7 +55,9 @@ from ulptrace.processes import (
     prepare_imports,
     record_metas,
     remote_error,
+    shipped_twin,
     spawn_context,
+    start_processes,
 )
 from ulptrace.trace import Record
 from ulptrace.verdicts import queue_bytes_for, stack_hint
@@ -133,8 +135,7 @@ class _Workers:
             note_unsent(queue, self.unsent)
         self.processes = [context.Process(target=_serve, args=(queue, self.answers), daemon=True,
                                           name=f"ulptrace-judge-{i}") for i, queue in enumerate(self.commands)]
-        for process in self.processes:
-            process.start()
+        start_processes(self.processes)
 
     def gone(self) -> str | None:
         """Why a worker is no longer there (None: all alive)."""
@@ -280,14 +281,12 @@ class JudgePool:
     def start(self, model: Any = None) -> None:
         """Open the run: processes without ``cfg``'s model are sent one twin of ``model`` (this side's freshly built
         reference model, before its path is applied), shared by all of them."""
-        from ulptrace.models import twin
-
         workers = self._open()
         shipped = None
         if workers.model_key != model_key(self.cfg):
             if model is None:
                 raise ValueError("the judging processes hold no model yet: start() needs the reference model")
-            shipped = twin(model)
+            shipped = shipped_twin(model)
             workers.model_key, workers.shipped = model_key(self.cfg), shipped
         workers.send_all(("open", self.cfg, shipped))
         self._opening = workers.count
@@ -317,7 +316,7 @@ class JudgePool:
         for worker in self._busy.values():
             load[worker] += 1
         worker = load.index(min(load))
-        arenas, specs = pack(tensors)
+        arenas, specs = pack(tensors, shared=False)  # host arenas go as bytes (below)
         index, self._next = self._next, self._next + 1
         self._busy[index], self._held[index] = worker, arenas
         # a host arena goes as bytes through the pipe: for one pair's few kilobytes or megabytes that costs less than

@@ -8,6 +8,12 @@ them; a helper whose parent has died must stop instead of blocking on a full que
 raised here as itself (a bad input's one-line error), with the helper's traceback as its cause; and records cross as
 byte arenas (one device copy for many small tensors, shared through CUDA IPC or shared memory: sharing each tensor
 costs more than small records), each tensor an (arena, offset, dtype, shape) spec into them.
+
+What is sent is put into shared memory on the sending thread (``byte_arena``, ``shipped_twin``), never left to the
+queue's feeder thread: sharing a CPU tensor there copies it with one of torch's parallel loops, and a thread that has
+run one keeps an OpenMP team of its own while it lives — libgomp then counts more threads than cores and stops
+spin-waiting in every parallel region of the process (a kept reference process made this process's untraced CPU
+generations 1.5-1.6x slower until it was shut down: ``bench/idle_helper.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,22 @@ def spawn_context() -> Any:
 
 class Orphaned(SystemExit):
     """The process that started this one is gone: nobody will read or send anything again."""
+
+
+def start_processes(processes: Iterable[Any]) -> None:
+    """Start helper processes (spawned: each reads the environment as it is now) with OpenMP's passive wait policy,
+    unless the user has chosen one: a helper shares this machine's cores with this process, and OpenMP threads that
+    spin between parallel regions keep cores from the other side's work (on 2 cores, a reference process spinning
+    beside this one made its run 3-5x slower: ``bench/idle_helper.py``). How threads wait changes no result."""
+    chosen = "OMP_WAIT_POLICY" in os.environ
+    if not chosen:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        if not chosen:
+            del os.environ["OMP_WAIT_POLICY"]
 
 
 def parent_gone() -> bool:
@@ -181,14 +203,32 @@ def prepare_imports(cfg: Any) -> None:
         pass
 
 
+def byte_arena(nbytes: int, device: torch.device | str) -> torch.Tensor:
+    """``nbytes`` uninitialised bytes on ``device`` to be sent to another process: on the CPU made in shared memory
+    here (a queue then sends its file descriptor, no copy; module docstring), on CUDA an ordinary tensor (CUDA IPC
+    shares it as it is)."""
+    if torch.device(device).type != "cpu":
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+
+
+def shipped_twin(model: Any) -> Any:
+    """A twin of ``model`` (``ulptrace.models.twin``) to send to helper processes: its CPU tensors moved into shared
+    memory here, on the sending thread (module docstring); CUDA tensors are shared through CUDA IPC as they are."""
+    from ulptrace.models import twin
+
+    return twin(model).share_memory()
+
+
 def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
-         written: Arenas | None = None) -> tuple[list[torch.Tensor], dict[int, Spec]]:
+         written: Arenas | None = None, *, shared: bool = True) -> tuple[list[torch.Tensor], dict[int, Spec]]:
     """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a tensor
     inside one of the arenas ``written`` made (its copies, and views of them), which is read where it is (those arenas
     follow arena 0: taken from ``written``, which starts anew), and a CUDA tensor of ``alone_bytes`` or more, which is
     an arena of its own as it is (no copy; the last ones). Returns the arenas and each tensor's :data:`Spec` by ``id``
     (a tensor listed twice is packed once). Arenas on CUDA free, first, what another process has released of this
-    one's earlier arenas (else kept until this process runs out of memory)."""
+    one's earlier arenas (else kept until this process runs out of memory). ``shared``: arena 0 on the CPU is made in
+    shared memory (``byte_arena``; False for a sender that ships host arenas as bytes)."""
     specs: dict[int, Spec] = {}
     alone: list[torch.Tensor] = []
     pieces: list[torch.Tensor] = []
@@ -216,7 +256,9 @@ def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
     own = [] if written is None else written.take()
     if any(p.is_cuda for p in (*pieces, *own, *alone)):
         torch.cuda.ipc_collect()
-    packed = torch.cat(pieces) if pieces else None
+    packed = None
+    if pieces:
+        packed = torch.cat(pieces, out=byte_arena(size, pieces[0].device)) if shared else torch.cat(pieces)
     return [packed, *own, *alone], specs
 
 
@@ -249,7 +291,7 @@ class Arenas:
         nbytes = value.numel() * value.element_size()
         start = self._used + -self._used % ALIGN
         if last is None or start + nbytes > last.numel():
-            last = torch.empty(max(self._next, nbytes + ALIGN), dtype=torch.uint8, device=value.device)
+            last = byte_arena(max(self._next, nbytes + ALIGN), value.device)
             self.arenas.append(last)
             self._ranges.append((last.data_ptr(), last.data_ptr() + last.numel(), last.is_cuda))
             self._typed, start = {}, 0

@@ -7,8 +7,10 @@ Each concurrent run starts a process (imports and a model build, a few seconds o
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -106,10 +108,10 @@ def test_a_new_process_is_sent_the_model_and_reports_what_one_building_its_own_d
 def test_a_run_that_cannot_be_sent_is_an_error_not_a_wait(monkeypatch) -> None:
     """multiprocessing pickles what a queue sends in a thread of its own and drops what fails (printing the error):
     a model that cannot be pickled would leave both processes waiting for ever. It is an error here instead."""
-    from ulptrace import models
+    from ulptrace import concurrent
 
     shutdown()  # a new process, which is sent its model
-    monkeypatch.setattr(models, "twin", lambda model: (lambda: model))  # a closure: pickle refuses it
+    monkeypatch.setattr(concurrent, "shipped_twin", lambda model: (lambda: model))  # a closure: pickle refuses it
     with pytest.raises(RuntimeError, match="could not be sent between this process and the other"):
         _within(60, lambda: _report(RunConfig(**SMALL, concurrent=True, model="tiny-llama", oracle=False)))
 
@@ -561,3 +563,68 @@ def test_the_reference_process_keeps_the_pin() -> None:
     concurrent = _report(RunConfig(**fields, concurrent=True))
     assert concurrent["reference"]["sdpa"] == "math"
     assert _essentials(concurrent) == _essentials(sequential)
+
+
+def _native_threads() -> int:
+    """Threads of this process that are not Python's (OpenMP teams' workers), from ``/proc``."""
+    import threading
+
+    python = {t.native_id for t in threading.enumerate()}
+    return sum(1 for tid in os.listdir("/proc/self/task") if int(tid) not in python)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or torch.get_num_threads() < 2,
+                    reason="threads counted from Linux's /proc; one torch thread has no OpenMP team")
+def test_a_kept_reference_process_leaves_this_process_no_second_openmp_team() -> None:
+    """What a queue sends is pickled on a feeder thread; a CPU tensor not yet in shared memory would be copied there by
+    one of torch's parallel loops, and that thread would keep an OpenMP team of its own while it lives — with more
+    OpenMP threads than cores libgomp stops spin-waiting, and every parallel region of this process paid for it while
+    the reference process was kept (untraced generations 1.5-1.6x slower on 2 cores). The twin goes already shared."""
+    cfg = RunConfig(**SMALL, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False)
+    shutdown()
+    run_onset(cfg)  # this process's own team and every lazily started pool exist now
+    before = _native_threads()
+    run_onset(replace(cfg, concurrent=True))  # a new reference process, sent the twin, kept
+    try:
+        assert _native_threads() == before
+    finally:
+        shutdown()
+
+
+def test_what_is_shipped_from_the_cpu_is_made_in_shared_memory() -> None:
+    """The arenas a message ships and the twin a helper is sent are in shared memory before the queue sees them (its
+    feeder thread then passes descriptors, copying nothing); CUDA tensors are not touched (IPC shares them)."""
+    from ulptrace.processes import Arenas, byte_arena, pack, shipped_twin
+
+    assert byte_arena(100, "cpu").is_shared() and byte_arena(100, "cpu").numel() == 100
+    written = Arenas()
+    copy = written.copy(torch.arange(6, dtype=torch.float32))
+    arenas, _ = pack([copy, torch.ones(3, dtype=torch.bfloat16)], written=written)
+    assert all(a.is_shared() for a in arenas if a is not None)
+    assert not pack([torch.ones(3)], shared=False)[0][0].is_shared()  # judging ships host arenas as bytes
+    model = build_model("tiny-llama", dtype=torch.float32, device="cpu", seed=0)
+    twin = shipped_twin(model)
+    assert twin is not model and all(p.is_shared() for p in twin.parameters())
+    assert not any(p.is_shared() for p in model.parameters())  # this side's own model is left as it was
+    assert all(torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters(), strict=True))
+
+
+def test_helpers_start_with_openmp_waiting_passively_unless_the_user_chose(tmp_path, monkeypatch) -> None:
+    """A helper shares this machine's cores: its OpenMP threads must not spin between parallel regions (beside this
+    process, on 2 cores, that made a reference run 3-5x slower). A policy the user set is theirs; this process's
+    environment is left as it was."""
+    from ulptrace.processes import spawn_context, start_processes
+
+    def seen(name: str) -> str:
+        out = tmp_path / name
+        process = spawn_context().Process(target=os.system, args=(f'echo "${{OMP_WAIT_POLICY-unset}}" > {out}',))
+        start_processes([process])
+        process.join(60)
+        return out.read_text().strip()
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert seen("default") == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert seen("chosen") == "ACTIVE"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
