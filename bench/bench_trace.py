@@ -290,7 +290,9 @@ def main() -> None:
                    help="where the traced onsets keep the reference's records (onset's --reference-memory)")
     p.add_argument("--concurrent", action="store_true",
                    help="the traced onsets record the reference in a process of its own while the candidate runs "
-                        "(onset's --concurrent); the untraced base still runs the pair one after the other")
+                        "(onset's --concurrent); the untraced base still runs the pair one after the other, between "
+                        "concurrent onsets (on the H200 such runs were slower in two of three calls: modes_ab.py "
+                        "divides both modes by one base)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
     p.add_argument("--part-mib", type=int, metavar="MIB",

@@ -215,7 +215,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
             observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
                                             cache_len=cfg.cache_len) if cfg.check_observation else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
-        child_put(out, ("done", tokens.cpu(), path_info, observation,
+        child_put(out, ("done", tokens.cpu().share_memory_(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
                   "start_up": start, "seconds": {"run_s": ran, **sink.seconds}}))
     except Orphaned:

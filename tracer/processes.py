@@ -54,7 +54,7 @@ def start_processes(processes: Iterable[Any]) -> None:
     """Start helper processes (spawned: each reads the environment as it is now) with OpenMP's passive wait policy,
     unless the user has chosen one: a helper shares this machine's cores with this process, and OpenMP threads that
     spin between parallel regions keep cores from the other side's work (on 2 cores, a reference process spinning
-    beside this one made its run 3-5x slower: ``bench/idle_helper.py``). How threads wait changes no result."""
+    beside this one made its run 3-6x slower: ``bench/idle_helper.py``). How threads wait changes no result."""
     chosen = "OMP_WAIT_POLICY" in os.environ
     if not chosen:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

@@ -611,7 +611,7 @@ def test_what_is_shipped_from_the_cpu_is_made_in_shared_memory() -> None:
 
 def test_helpers_start_with_openmp_waiting_passively_unless_the_user_chose(tmp_path, monkeypatch) -> None:
     """A helper shares this machine's cores: its OpenMP threads must not spin between parallel regions (beside this
-    process, on 2 cores, that made a reference run 3-5x slower). A policy the user set is theirs; this process's
+    process, on 2 cores, that made a reference run 3-6x slower). A policy the user set is theirs; this process's
     environment is left as it was."""
     from ulptrace.processes import spawn_context, start_processes
 
