@@ -59,6 +59,7 @@ from ulptrace.processes import (
     parent_get,
     pickled_error,
     prepare_imports,
+    received_model,
     record_metas,
     remote_error,
     shipped_twin,
@@ -191,7 +192,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
                 model = build_model(cfg.model, dtype=torch_dtype(cfg.dtype), device=cfg.device, seed=cfg.seed,
                                     sdpa=cfg.sdpa)
             else:
-                model = shipped
+                model = received_model(shipped)
             models[key] = model, {**start, "model_at": time.perf_counter(), "model_shipped": shipped is not None}
         model, start = models[key]
         built_at = time.perf_counter()

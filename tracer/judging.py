@@ -53,6 +53,7 @@ from ulptrace.processes import (
     parent_get,
     pickled_error,
     prepare_imports,
+    received_model,
     record_metas,
     remote_error,
     shipped_twin,
@@ -91,7 +92,7 @@ def _serve(commands: Any, answers: Any) -> None:
                 from ulptrace.paths import apply_path
                 from ulptrace.verdicts import OracleJudge
 
-                model = command[2] if command[2] is not None else model
+                model = received_model(command[2]) if command[2] is not None else model
                 cfg, command = command[1], None  # nothing here but ``model`` holds the parent's twin (released at the end)
                 stack = ExitStack()
                 stack.enter_context(apply_path(model, cfg.reference))

@@ -220,6 +220,22 @@ def shipped_twin(model: Any) -> Any:
     return twin(model).share_memory()
 
 
+def received_model(model: Any) -> Any:
+    """A model this helper was sent (unpickled here), made safe to hook: torch keys each module's hooks by a number it
+    counts per process (``torch.utils.hooks.RemovableHandle.next_id``), so the hooks a model arrives with — its SDPA
+    pin's (``ulptrace.sdpa``) — hold numbers this process has not handed out yet, and the next hook registered here
+    would take one and replace them. The count is moved past every number the model holds. Found on the CPU: a fresh
+    ``onset --concurrent --sdpa math`` recorded its reference with torch's default attention (the recorder's hooks had
+    replaced the pin's), where a parent that had registered hooks before did not."""
+    from torch.utils.hooks import RemovableHandle
+
+    held = [key for module in model.modules() for name, hooks in vars(module).items()
+            if name.endswith("_hooks") and isinstance(hooks, dict) for key in hooks if isinstance(key, int)]
+    if held:
+        RemovableHandle.next_id = max(RemovableHandle.next_id, max(held) + 1)
+    return model
+
+
 def pack(tensors: Iterable[torch.Tensor], alone_bytes: float = math.inf,
          written: Arenas | None = None, *, shared: bool = True) -> tuple[list[torch.Tensor], dict[int, Spec]]:
     """``tensors`` as byte arenas: arena 0 packs them (one device copy, no wait for the device), except a tensor

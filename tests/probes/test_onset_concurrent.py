@@ -628,3 +628,52 @@ def test_helpers_start_with_openmp_waiting_passively_unless_the_user_chose(tmp_p
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert seen("chosen") == "ACTIVE"
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_model_received_from_another_process_keeps_its_pin_when_hooked_there(monkeypatch) -> None:
+    """torch numbers hooks per process: a model unpickled in a helper holds its SDPA pin's hooks under numbers the
+    helper has not handed out yet, and the helper's next hook took one and replaced the pin (its attention then ran
+    torch's default backend). ``received_model`` moves the helper's count past them."""
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from torch.utils.hooks import RemovableHandle
+    from ulptrace.processes import received_model
+    from ulptrace.sdpa import _enter
+
+    monkeypatch.setattr(RemovableHandle, "next_id", 0)  # the sender a fresh process too: the pin's hooks are 0 and 1
+    model = build_model("tiny-llama", dtype=torch.float32, device="cpu", seed=0, sdpa="math")
+
+    def arrives(fixed: bool) -> object:
+        buffer = io.BytesIO()
+        ForkingPickler(buffer).dump(model)  # as a queue sends it (its tensors' descriptors are read once)
+        monkeypatch.setattr(RemovableHandle, "next_id", 0)  # a fresh process's count
+        got = pickle.loads(buffer.getvalue())
+        if fixed:
+            got = received_model(got)
+        got.register_forward_pre_hook(lambda module, args: None)  # the recorder's, say
+        return got
+
+    assert _enter not in arrives(fixed=False)._forward_pre_hooks.values()  # the hazard, as torch has it
+    assert _enter in arrives(fixed=True)._forward_pre_hooks.values()
+
+
+def test_a_fresh_concurrent_command_runs_the_reference_pinned(tmp_path) -> None:
+    """The user's case, in a fresh process (its hooks numbered from 0, as the reference process's): `onset --concurrent
+    --sdpa math` reports what `--no-concurrent` does — before the fix its reference ran torch's default CPU attention
+    and the first full-attention layer's record differed."""
+    import subprocess
+    import sys
+
+    reports = {}
+    for mode in ("concurrent", "no-concurrent"):
+        out = tmp_path / f"{mode}.json"
+        done = subprocess.run([sys.executable, "-m", "ulptrace", "onset", "--model", "tiny-qwen3.5", "--candidate",
+                               "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "8", "--new-tokens",
+                               "3", "--sdpa", "math", f"--{mode}", "--quiet", "--json", str(out)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports[mode] = json.loads(out.read_text())
+    assert _essentials(reports["concurrent"]) == _essentials(reports["no-concurrent"])
+    assert reports["concurrent"]["reference"]["sdpa"] == "math"
