@@ -49,6 +49,7 @@ from ulptrace.processes import (
     Arenas,
     Orphaned,
     Unpacked,
+    apply_torch_settings,
     child_get,
     child_put,
     end_processes,
@@ -65,6 +66,7 @@ from ulptrace.processes import (
     shipped_twin,
     spawn_context,
     start_processes,
+    torch_settings,
 )
 from ulptrace.reading import UntilRead
 from ulptrace.trace import Record
@@ -167,18 +169,20 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
 
 
-def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out: Any, acks: Any,
-                   models: dict[tuple, Any], runs: int, started: tuple[float, float]) -> None:
+def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, settings: dict[str, Any], out: Any,
+                   acks: Any, models: dict[tuple, Any], runs: int, started: tuple[float, float]) -> None:
     """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
     check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
-    and when the parts of its start-up ended). The model is ``shipped`` (the parent's twin of its candidate, its
-    memory shared) or, where none came, built here. Any error is shipped as its traceback (the parent then stops
+    when the parts of its start-up ended, the torch settings it ran under). The model is ``shipped`` (the parent's
+    twin of its candidate, its memory shared) or, where none came, built here; the parent's torch ``settings``
+    (``processes.torch_settings``) are taken first. Any error is shipped as its traceback (the parent then stops
     this process: its state is not trusted again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
         from ulptrace.run import check_observation, make_prompts, record_generation, torch_dtype
 
+        apply_torch_settings(settings)
         key = model_key(cfg)
         if key not in models:
             models.clear()  # one model at a time: its memory is this process's only lasting cost
@@ -218,6 +222,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, out
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
         child_put(out, ("done", tokens.cpu().share_memory_(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
+                  "torch_settings": {name: str(value) for name, value in torch_settings().items()},
                   "start_up": start, "seconds": {"run_s": ran, **sink.seconds}}))
     except Orphaned:
         raise
@@ -499,7 +504,7 @@ class ReferenceProcess:
             worker.model_key, worker.shipped = key, shipped
         self._started = True
         # PART_BYTES and LIVE_BYTES read here: a test may set small ones
-        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped))
+        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, torch_settings()))
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker

@@ -43,6 +43,7 @@ from ulptrace.processes import (
     GUARD,
     Orphaned,
     Unpacked,
+    apply_torch_settings,
     child_get,
     child_put,
     end_processes,
@@ -59,6 +60,7 @@ from ulptrace.processes import (
     shipped_twin,
     spawn_context,
     start_processes,
+    torch_settings,
 )
 from ulptrace.trace import Record
 from ulptrace.verdicts import queue_bytes_for, stack_hint
@@ -93,6 +95,7 @@ def _serve(commands: Any, answers: Any) -> None:
                 from ulptrace.verdicts import OracleJudge
 
                 model = received_model(command[2]) if command[2] is not None else model
+                apply_torch_settings(command[3], keep=("num_threads",))  # its one thread (above) kept
                 cfg, command = command[1], None  # nothing here but ``model`` holds the parent's twin (released at the end)
                 stack = ExitStack()
                 stack.enter_context(apply_path(model, cfg.reference))
@@ -289,7 +292,7 @@ class JudgePool:
                 raise ValueError("the judging processes hold no model yet: start() needs the reference model")
             shipped = shipped_twin(model)
             workers.model_key, workers.shipped = model_key(self.cfg), shipped
-        workers.send_all(("open", self.cfg, shipped))
+        workers.send_all(("open", self.cfg, shipped, torch_settings()))
         self._opening = workers.count
         self._started = True
 

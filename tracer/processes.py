@@ -220,6 +220,76 @@ def shipped_twin(model: Any) -> Any:
     return twin(model).share_memory()
 
 
+def _attribute(path: str) -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """Getter and setter of the torch attribute ``path`` ("backends.cudnn.deterministic"), None where this torch has
+    none."""
+    *owner_path, name = path.split(".")
+    owner: Any = torch
+    for part in owner_path:
+        owner = getattr(owner, part, None)
+    if owner is None or not hasattr(owner, name):
+        return None
+    return (lambda: getattr(owner, name)), (lambda value: setattr(owner, name, value))
+
+
+def _settings() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """The torch settings a helper must share with this process (``torch_settings``), by name: getter and setter."""
+    table: dict[str, Any] = {}
+    # TF32 and the float32 matmul precision: through torch's fp32_precision settings where it has them (reading the
+    # older flags raises once the newer were set), parents before leaves; else through the older ones
+    new = ["backends.fp32_precision", *(f"backends.{b}.fp32_precision" for b in ("cuda", "cudnn", "mkldnn")),
+           "backends.cuda.matmul.fp32_precision",
+           *(f"backends.{b}.{leaf}.fp32_precision" for b in ("cudnn", "mkldnn") for leaf in ("conv", "rnn")),
+           "backends.mkldnn.matmul.fp32_precision"]
+    if _attribute("backends.cuda.matmul.fp32_precision") is not None:
+        table.update((path, _attribute(path)) for path in new)
+    else:
+        table["float32_matmul_precision"] = (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision)
+        table.update((path, _attribute(path)) for path in ("backends.cuda.matmul.allow_tf32",
+                                                            "backends.cudnn.allow_tf32"))
+    table.update((path, _attribute(path)) for path in (
+        "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+        "backends.cudnn.enabled", "backends.cudnn.deterministic", "backends.cudnn.benchmark"))
+    table["deterministic_algorithms"] = (
+        lambda: (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+        lambda value: torch.use_deterministic_algorithms(value[0], warn_only=value[1]))
+    for backend in ("flash", "mem_efficient", "math", "cudnn"):  # the SDPA backends enabled outside a pin
+        get = getattr(torch.backends.cuda, f"{backend}_sdp_enabled", None)
+        put = getattr(torch.backends.cuda, f"enable_{backend}_sdp", None)
+        if get is not None and put is not None:
+            table[f"sdp.{backend}"] = (get, put)
+    table["default_dtype"] = (torch.get_default_dtype, torch.set_default_dtype)
+    table["num_threads"] = (torch.get_num_threads, torch.set_num_threads)
+    return {name: pair for name, pair in table.items() if pair is not None}
+
+
+def torch_settings() -> dict[str, Any]:
+    """This process's torch settings that decide what a model computes and that a new process does not inherit (it
+    starts with torch's defaults): TF32 and the float32 matmul precision, cuBLAS's reduced-precision reductions,
+    cuDNN's and the deterministic-algorithm switches, the SDPA backends enabled, the default dtype, the CPU thread
+    count. A helper is sent them with each run and takes them (``apply_torch_settings``): a reference recorded in its
+    own process then computes what it would here (a notebook's ``allow_bf16_reduced_precision_reduction = False``,
+    say)."""
+    return {name: get() for name, (get, _) in _settings().items()}
+
+
+def apply_torch_settings(settings: dict[str, Any], *, keep: Iterable[str] = ()) -> None:
+    """Take ``settings`` (``torch_settings`` of the sending process) here, in their order, each only where it differs
+    (a setting torch has not changed is not touched); ``keep``: names this process keeps as they are (a judging
+    process's one thread)."""
+    table = _settings()
+    for name, value in settings.items():
+        if name in keep:
+            continue
+        if name not in table:
+            raise ValueError(f"torch setting {name!r} was sent, but this process's torch has no such setting "
+                             f"(known: {', '.join(table)})")
+        get, put = table[name]
+        if get() != value:
+            put(value)
+
+
 def received_model(model: Any) -> Any:
     """A model this helper was sent (unpickled here), made safe to hook: torch keys each module's hooks by a number it
     counts per process (``torch.utils.hooks.RemovableHandle.next_id``), so the hooks a model arrives with — its SDPA

@@ -170,7 +170,9 @@ def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monke
     alive = weakref.ref(model)
     commands: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
-    for command in (("open", RunConfig(model="tiny-llama"), model), ("close",), None):
+    from ulptrace.processes import torch_settings
+
+    for command in (("open", RunConfig(model="tiny-llama"), model, torch_settings()), ("close",), None):
         commands.put(command)
     del model, command
     held: list[bool] = []

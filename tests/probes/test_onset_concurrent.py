@@ -677,3 +677,33 @@ def test_a_fresh_concurrent_command_runs_the_reference_pinned(tmp_path) -> None:
         reports[mode] = json.loads(out.read_text())
     assert _essentials(reports["concurrent"]) == _essentials(reports["no-concurrent"])
     assert reports["concurrent"]["reference"]["sdpa"] == "math"
+
+
+def test_the_reference_process_computes_under_this_process_torch_settings() -> None:
+    """A new process starts with torch's defaults; settings that decide what a model computes (TF32 and the float32
+    matmul precision, cuBLAS's reduced-precision reductions, cuDNN's and the deterministic switches, the SDPA backends,
+    the default dtype, the thread count) are sent with each run and taken there — the reference recorded in its own
+    process computes what it would here. Its run info says what it ran under."""
+    from ulptrace.processes import apply_torch_settings, torch_settings
+
+    saved = torch_settings()
+    try:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cudnn.deterministic = True
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        here = {name: str(value) for name, value in torch_settings().items()}
+        assert here != {name: str(value) for name, value in saved.items()}
+        report = _report(RunConfig(**SMALL, model="tiny-llama", candidate="kernels:fused", oracle=False,
+                                   concurrent=True))
+        assert report["run"]["reference_process"]["torch_settings"] == here
+    finally:
+        apply_torch_settings(saved)
+    assert torch_settings() == saved
+
+
+def test_torch_settings_sent_by_a_newer_torch_are_refused_by_name() -> None:
+    from ulptrace.processes import apply_torch_settings
+
+    with pytest.raises(ValueError, match="torch setting 'backends.quantum.fp32_precision' was sent"):
+        apply_torch_settings({"backends.quantum.fp32_precision": "tf32"})
