@@ -113,6 +113,26 @@ def is_user_path(name: str) -> bool:
     return not name.startswith(("hf:", "fault:")) and ":" in name
 
 
+def registration_to_send(name: str) -> PathSpec | None:
+    """The registration of path ``name`` made in this process from outside ulptrace (``register_path``), for a helper
+    process that runs it (``--concurrent``'s reference process, the judging processes): a new process imports
+    ulptrace's own registrations only. None for any other name. A function it cannot import there — one defined in
+    an interactive session's ``__main__``, a lambda or a nested function — is refused here, naming the way out."""
+    spec = _REGISTRY.get(name)
+    if spec is None or not is_user_path(name):
+        return None
+    target = spec.target
+    if not isinstance(target, str):
+        module, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+        interactive = module == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
+        if module is None or interactive or "<" in qualname:
+            raise ValueError(f"path {name!r} is registered here as {qualname or target!r}"
+                             f"{' from an interactive session' if interactive else ''}, which a helper process "
+                             "cannot import: register it as an import string ('package.module:function') or from a "
+                             "module's top level, or run without --concurrent/--judge-workers")
+    return spec
+
+
 def _check_import_string(target: str) -> tuple[str, str]:
     module_name, colon, attr = target.partition(":")
     parts = module_name.split(".")

@@ -172,7 +172,7 @@ def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monke
     answers: queue.Queue = queue.Queue()
     from ulptrace.processes import torch_settings
 
-    for command in (("open", RunConfig(model="tiny-llama"), model, torch_settings()), ("close",), None):
+    for command in (("open", RunConfig(model="tiny-llama"), model, torch_settings(), None), ("close",), None):
         commands.put(command)
     del model, command
     held: list[bool] = []

@@ -707,3 +707,40 @@ def test_torch_settings_sent_by_a_newer_torch_are_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="torch setting 'backends.quantum.fp32_precision' was sent"):
         apply_torch_settings({"backends.quantum.fp32_precision": "tf32"})
+
+
+def plain_path(model) -> None:
+    """A path of the user's own, registered by name in the test (importable by the helper from this module)."""
+
+
+def test_a_path_registered_here_is_known_to_the_reference_process(monkeypatch) -> None:
+    """``register_path`` in this process (a notebook's, a script's) is sent with the run: the reference process,
+    a new one, knows only ulptrace's own names and answered "unknown path" for it."""
+    from ulptrace import paths
+
+    monkeypatch.setattr(paths, "_REGISTRY", dict(paths._REGISTRY))  # the registration undone after the test
+    paths.register_path("mine:plain", plain_path, "HF as is, under a name of the user's")
+    fields = dict(SMALL, model="tiny-llama", reference="mine:plain", candidate="kernels:fused", oracle=False)
+    assert _essentials(_report(RunConfig(**fields, concurrent=True))) == _essentials(_report(RunConfig(**fields)))
+
+
+def test_a_registered_path_a_helper_cannot_import_is_refused_before_it_starts(monkeypatch) -> None:
+    from ulptrace import paths
+
+    monkeypatch.setattr(paths, "_REGISTRY", dict(paths._REGISTRY))
+    paths.register_path("mine:lambda", lambda model: None, "not importable elsewhere")
+    with pytest.raises(ValueError, match=r"path 'mine:lambda' is registered here as .*lambda.*register it as an "
+                                         r"import string"):
+        run_onset(RunConfig(**SMALL, model="tiny-llama", reference="mine:lambda", candidate="kernels:fused",
+                            oracle=False, concurrent=True))
+
+
+def test_the_judging_processes_know_a_path_registered_here(monkeypatch) -> None:
+    from ulptrace import paths
+
+    monkeypatch.setattr(paths, "_REGISTRY", dict(paths._REGISTRY))
+    paths.register_path("mine:plain", plain_path, "HF as is, under a name of the user's")
+    fields = dict(SMALL, model="tiny-llama", reference="mine:plain", candidate="fault:layers.1.mlp.glu@1+2")
+    pooled = _report(RunConfig(**fields, judge_workers=1))
+    assert pooled["run"]["judging_processes"]["pairs_judged_there"] > 0
+    assert _essentials(pooled) == _essentials(_report(RunConfig(**fields)))
