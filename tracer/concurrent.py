@@ -43,13 +43,13 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
-from ulptrace.paths import is_user_path, register_path, registration_to_send
+from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
     Arenas,
     Orphaned,
+    Setup,
     Unpacked,
-    apply_torch_settings,
     child_get,
     child_put,
     end_processes,
@@ -169,24 +169,20 @@ def _serve(commands: Any, out: Any, acks: Any) -> None:
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
 
 
-def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, settings: dict[str, Any],
-                   registration: Any, out: Any, acks: Any, models: dict[tuple, Any], runs: int,
-                   started: tuple[float, float]) -> None:
+def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, setup: Setup, out: Any, acks: Any,
+                   models: dict[tuple, Any], runs: int, started: tuple[float, float]) -> None:
     """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
     check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
     when the parts of its start-up ended, the torch settings it ran under). The model is ``shipped`` (the parent's
-    twin of its candidate, its memory shared) or, where none came, built here; the parent's torch ``settings``
-    (``processes.torch_settings``) are taken first, and the reference path's ``registration`` there
-    (``paths.registration_to_send``), if any, made here. Any error is shipped as its traceback (the parent then stops
-    this process: its state is not trusted again)."""
+    twin of its candidate, its memory shared) or, where none came, built here; the parent's ``setup`` (its torch
+    settings, its registration of the reference path) is taken first. Any error is shipped as its traceback (the
+    parent then stops this process: its state is not trusted again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
         from ulptrace.run import check_observation, make_prompts, record_generation, torch_dtype
 
-        apply_torch_settings(settings)
-        if registration is not None:
-            register_path(registration.name, registration.target, registration.description)
+        setup.take()
         key = model_key(cfg)
         if key not in models:
             models.clear()  # one model at a time: its memory is this process's only lasting cost
@@ -487,10 +483,10 @@ class ReferenceProcess:
         self.trace = RemoteTrace(self)
         self._worker: _Worker | None = None
         self._started = False
-        self._registration: Any = None  # the reference path's registration here, sent with the run (paths)
+        self._setup: Setup | None = None  # what the process takes of this one with the run
 
     def __enter__(self) -> Self:
-        self._registration = registration_to_send(self.cfg.reference)  # refused before any process starts
+        self._setup = Setup.of(self.cfg)  # a reference path it could not import: refused before any process starts
         self._worker = _take_worker(self.cfg)
         if self._worker.model_key != model_key(self.cfg):  # a new process: its imports now, while this side builds
             self._worker.commands.put(("prepare", self.cfg))
@@ -510,7 +506,7 @@ class ReferenceProcess:
             worker.model_key, worker.shipped = key, shipped
         self._started = True
         # PART_BYTES and LIVE_BYTES read here: a test may set small ones
-        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, torch_settings(), self._registration))
+        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, self._setup))
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker

@@ -38,12 +38,12 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import torch
-from ulptrace.paths import is_user_path, register_path, registration_to_send
+from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
     Orphaned,
+    Setup,
     Unpacked,
-    apply_torch_settings,
     child_get,
     child_put,
     end_processes,
@@ -60,7 +60,6 @@ from ulptrace.processes import (
     shipped_twin,
     spawn_context,
     start_processes,
-    torch_settings,
 )
 from ulptrace.trace import Record
 from ulptrace.verdicts import queue_bytes_for, stack_hint
@@ -95,9 +94,7 @@ def _serve(commands: Any, answers: Any) -> None:
                 from ulptrace.verdicts import OracleJudge
 
                 model = received_model(command[2]) if command[2] is not None else model
-                apply_torch_settings(command[3], keep=("num_threads",))  # its one thread (above) kept
-                if command[4] is not None:  # a reference path registered in the parent (paths.registration_to_send)
-                    register_path(command[4].name, command[4].target, command[4].description)
+                command[3].take(keep=("num_threads",))  # its one thread (above) kept
                 cfg, command = command[1], None  # nothing here but ``model`` holds the parent's twin (released at the end)
                 stack = ExitStack()
                 stack.enter_context(apply_path(model, cfg.reference))
@@ -270,12 +267,12 @@ class JudgePool:
         self._next = 0
         self._opening = 0  # workers that have not yet said their run is open (a failure there is said instead)
         self._started = False
-        self._registration: Any = None  # the reference path's registration here, sent with the run (paths)
+        self._setup: Setup | None = None  # what the processes take of this one with the run
         self.failure: BaseException | None = None
         self.judged = 0  # pairs sent to the workers (the rest were answered here without a replay)
 
     def __enter__(self) -> Self:
-        self._registration = registration_to_send(self.cfg.reference)  # refused before any process starts
+        self._setup = Setup.of(self.cfg)  # a reference path they could not import: refused before any process starts
         workers = _IDLE.pop(self._key, None)
         if workers is None or workers.gone() is not None:
             if workers is not None:
@@ -296,7 +293,7 @@ class JudgePool:
                 raise ValueError("the judging processes hold no model yet: start() needs the reference model")
             shipped = shipped_twin(model)
             workers.model_key, workers.shipped = model_key(self.cfg), shipped
-        workers.send_all(("open", self.cfg, shipped, torch_settings(), self._registration))
+        workers.send_all(("open", self.cfg, shipped, self._setup))
         self._opening = workers.count
         self._started = True
 

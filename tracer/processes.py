@@ -25,6 +25,7 @@ import os
 import pickle
 import queue as queue_module
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -288,6 +289,31 @@ def apply_torch_settings(settings: dict[str, Any], *, keep: Iterable[str] = ()) 
         get, put = table[name]
         if get() != value:
             put(value)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a helper takes of this process before each run, to run what this process would: the torch settings that
+    decide what a model computes (``torch_settings``) and the reference path's registration here, which a new
+    process does not have (``paths.registration_to_send``)."""
+
+    settings: dict[str, Any]
+    registration: Any
+
+    @classmethod
+    def of(cls, cfg: Any) -> Setup:
+        """This process's, for a run of ``cfg``; raises for a registered reference path a helper cannot import."""
+        from ulptrace.paths import registration_to_send
+
+        return cls(torch_settings(), registration_to_send(cfg.reference))
+
+    def take(self, *, keep: Iterable[str] = ()) -> None:
+        """In the helper: the settings (less those it ``keep``s) and the registration made here."""
+        from ulptrace.paths import register_path
+
+        apply_torch_settings(self.settings, keep=keep)
+        if self.registration is not None:
+            register_path(self.registration.name, self.registration.target, self.registration.description)
 
 
 def received_model(model: Any) -> Any:

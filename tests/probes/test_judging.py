@@ -170,9 +170,10 @@ def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monke
     alive = weakref.ref(model)
     commands: queue.Queue = queue.Queue()
     answers: queue.Queue = queue.Queue()
-    from ulptrace.processes import torch_settings
+    from ulptrace.processes import Setup
 
-    for command in (("open", RunConfig(model="tiny-llama"), model, torch_settings(), None), ("close",), None):
+    for command in (("open", RunConfig(model="tiny-llama"), model, Setup.of(RunConfig(model="tiny-llama"))),
+                    ("close",), None):
         commands.put(command)
     del model, command
     held: list[bool] = []
