@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import pickle
 import queue as queue_module
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,20 +52,34 @@ class Orphaned(SystemExit):
     """The process that started this one is gone: nobody will read or send anything again."""
 
 
+def helper_environment() -> dict[str, str]:
+    """What a helper's environment gets that the user did not set there (spawned helpers read the environment as it
+    is when they start): OpenMP's passive wait policy — a helper shares this machine's cores with this process, and
+    OpenMP threads that spin between parallel regions keep cores from the other side's work (on 2 cores, a reference
+    process spinning beside this one made its run 3-6x slower: ``bench/idle_helper.py``; how threads wait changes no
+    result) — and this process's transformers verbosity, which a new process would otherwise start at ``warning``:
+    the CLI keeps HF's fallback notices out of its output, and a helper printed them beside it."""
+    chosen = {"OMP_WAIT_POLICY": "PASSIVE"}
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:
+        names = {level: name for name, level in getattr(hf_logging, "log_levels", {}).items() if name != "detail"}
+        name = names.get(hf_logging.get_verbosity())
+        if name is not None:
+            chosen["TRANSFORMERS_VERBOSITY"] = name
+    return {key: value for key, value in chosen.items() if key not in os.environ}
+
+
 def start_processes(processes: Iterable[Any]) -> None:
-    """Start helper processes (spawned: each reads the environment as it is now) with OpenMP's passive wait policy,
-    unless the user has chosen one: a helper shares this machine's cores with this process, and OpenMP threads that
-    spin between parallel regions keep cores from the other side's work (on 2 cores, a reference process spinning
-    beside this one made its run 3-6x slower: ``bench/idle_helper.py``). How threads wait changes no result."""
-    chosen = "OMP_WAIT_POLICY" in os.environ
-    if not chosen:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    """Start helper processes (spawned) with :func:`helper_environment` added to this process's environment for their
+    start only; this process's environment is left as it was."""
+    added = helper_environment()
+    os.environ.update(added)
     try:
         for process in processes:
             process.start()
     finally:
-        if not chosen:
-            del os.environ["OMP_WAIT_POLICY"]
+        for key in added:
+            del os.environ[key]
 
 
 def parent_gone() -> bool:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -485,11 +487,7 @@ def test_a_concurrent_onset_with_live_values_reports_what_the_sequential_one_doe
 def test_a_reference_process_whose_parent_is_killed_exits() -> None:
     """A parent killed outright (no exit handlers) leaves its reference process blocked on a queue nobody will read
     or write again; it notices its parent is gone and ends instead of lingering with its model."""
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
     from pathlib import Path
 
     code = ("from ulptrace.concurrent import ReferenceProcess\n"
@@ -609,63 +607,45 @@ def test_what_is_shipped_from_the_cpu_is_made_in_shared_memory() -> None:
     assert all(torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters(), strict=True))
 
 
-def test_helpers_start_with_openmp_waiting_passively_unless_the_user_chose(tmp_path, monkeypatch) -> None:
+def test_helpers_start_with_openmp_waiting_passively_and_our_transformers_verbosity_unless_the_user_chose(
+        tmp_path, monkeypatch) -> None:
     """A helper shares this machine's cores: its OpenMP threads must not spin between parallel regions (beside this
-    process, on 2 cores, that made a reference run 3-6x slower). A policy the user set is theirs; this process's
-    environment is left as it was."""
+    process, on 2 cores, that made a reference run 3-6x slower). It logs as this process does: the CLI silences HF's
+    fallback notices, and a helper printed them (it starts at transformers' default, ``warning``). A value the user
+    set in the environment is theirs; this process's environment is left as it was."""
+    from transformers.utils import logging as hf_logging
     from ulptrace.processes import spawn_context, start_processes
 
-    def seen(name: str) -> str:
+    def seen(name: str) -> list[str]:
         out = tmp_path / name
-        process = spawn_context().Process(target=os.system, args=(f'echo "${{OMP_WAIT_POLICY-unset}}" > {out}',))
+        command = f'echo "${{OMP_WAIT_POLICY-unset}} ${{TRANSFORMERS_VERBOSITY-unset}}" > {out}'
+        process = spawn_context().Process(target=os.system, args=(command,))
         start_processes([process])
         process.join(60)
-        return out.read_text().strip()
+        return out.read_text().split()
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    assert seen("default") == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    before = hf_logging.get_verbosity()
+    try:
+        hf_logging.set_verbosity_error()
+        assert seen("default") == ["PASSIVE", "error"]
+        hf_logging.set_verbosity_info()
+        assert seen("info") == ["PASSIVE", "info"]
+    finally:
+        hf_logging.set_verbosity(before)
+    assert "OMP_WAIT_POLICY" not in os.environ and "TRANSFORMERS_VERBOSITY" not in os.environ
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    assert seen("chosen") == "ACTIVE"
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
-
-
-def test_a_model_received_from_another_process_keeps_its_pin_when_hooked_there(monkeypatch) -> None:
-    """torch numbers hooks per process: a model unpickled in a helper holds its SDPA pin's hooks under numbers the
-    helper has not handed out yet, and the helper's next hook took one and replaced the pin (its attention then ran
-    torch's default backend). ``received_model`` moves the helper's count past them."""
-    import io
-    import pickle
-    from multiprocessing.reduction import ForkingPickler
-
-    from torch.utils.hooks import RemovableHandle
-    from ulptrace.processes import received_model
-    from ulptrace.sdpa import _enter
-
-    monkeypatch.setattr(RemovableHandle, "next_id", 0)  # the sender a fresh process too: the pin's hooks are 0 and 1
-    model = build_model("tiny-llama", dtype=torch.float32, device="cpu", seed=0, sdpa="math")
-
-    def arrives(fixed: bool) -> object:
-        buffer = io.BytesIO()
-        ForkingPickler(buffer).dump(model)  # as a queue sends it (its tensors' descriptors are read once)
-        monkeypatch.setattr(RemovableHandle, "next_id", 0)  # a fresh process's count
-        got = pickle.loads(buffer.getvalue())
-        if fixed:
-            got = received_model(got)
-        got.register_forward_pre_hook(lambda module, args: None)  # the recorder's, say
-        return got
-
-    assert _enter not in arrives(fixed=False)._forward_pre_hooks.values()  # the hazard, as torch has it
-    assert _enter in arrives(fixed=True)._forward_pre_hooks.values()
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "debug")
+    assert seen("chosen") == ["ACTIVE", "debug"]
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and os.environ["TRANSFORMERS_VERBOSITY"] == "debug"
 
 
 def test_a_fresh_concurrent_command_runs_the_reference_pinned(tmp_path) -> None:
     """The user's case, in a fresh process (its hooks numbered from 0, as the reference process's): `onset --concurrent
     --sdpa math` reports what `--no-concurrent` does — before the fix its reference ran torch's default CPU attention
-    and the first full-attention layer's record differed."""
-    import subprocess
-    import sys
-
+    and the first full-attention layer's record differed. Nor does the reference process print HF's fallback notices
+    beside the command's output (the command keeps them out; a new process starts at transformers' `warning`)."""
     reports = {}
     for mode in ("concurrent", "no-concurrent"):
         out = tmp_path / f"{mode}.json"
@@ -674,6 +654,7 @@ def test_a_fresh_concurrent_command_runs_the_reference_pinned(tmp_path) -> None:
                                "3", "--sdpa", "math", f"--{mode}", "--quiet", "--json", str(out)],
                               capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert "falling back" not in done.stderr, done.stderr[-2000:]
         reports[mode] = json.loads(out.read_text())
     assert _essentials(reports["concurrent"]) == _essentials(reports["no-concurrent"])
     assert reports["concurrent"]["reference"]["sdpa"] == "math"
