@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: does a kept reference process slow this process's untraced runs (the base `--concurrent`'s P1 is
 # divided by)? The GPU tests of the helper processes, then bench/idle_helper.py at P1's workload with this tree and
-# (BASE=dir: a package dir/ulptrace, as gpu_concurrent_ab.sh takes) with an older one. Logs under $OUT.
+# (BASE=dir: a package dir/ulptrace, as gpu_concurrent_ab.sh takes) with an older one; SKIP_IDLE=1: the tests only.
+# Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -11,6 +12,7 @@ if [ "${TESTS:-}" != none ]; then
         -q -p no:cacheprovider -rf --tb=short 2>&1 | tee $OUT/gpu_tests.log | tail -3
 fi
 W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 --repeats ${REPEATS:-5}"
+[ "${SKIP_IDLE:-0}" = 1 ] && exit 0  # the tests only
 for mode in after $([ -n "${BASE:-}" ] && echo before); do
     echo "== $mode" | tee -a $OUT/idle.log
     ( [ $mode = before ] && export PYTHONPATH=$BASE; cd bench && timeout 200 python3 idle_helper.py $W \
