@@ -18,7 +18,9 @@ only (P5 reads P1's first traced run); ``--reference-memory`` is onset's (where 
 a long prompt is measured with ``host``, as ``auto`` keeps them on the GPU while half of it is free);
 ``--concurrent`` runs the traced onsets with ``onset --concurrent`` (the reference in a process of its own, kept
 between onsets: the warm runs reuse it), timed from when both sides were ready, and says how long this process waited
-for the other's start-up beyond its own build.
+for the other's start-up beyond its own build; ``--concurrent auto`` as the command's default does (the reference kept
+here, the onset started again that way once its records are forecast to outgrow half the GPU, or have): P5 is then
+the larger of the peak before the switch and this process's peak after it plus the reference process's.
 
 ``--reports DIR`` also writes the JSON report of each onset (volatile fields — versions, devices,
 timings — removed), so two commits can be checked for identical verdicts, statistics and onsets
@@ -162,6 +164,17 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
     if cfg.device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    before_switch: list[int] = []  # concurrent="auto": this process's peak when the onset started again
+    run_concurrent = onset_module._run_concurrent
+
+    def switching(*a, **kw):
+        if cfg.device.startswith("cuda"):
+            before_switch.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        return run_concurrent(*a, **kw)
+
+    if cfg.concurrent == "auto":
+        onset_module._run_concurrent = switching
     prof = None
     if profile:
         import cProfile
@@ -176,6 +189,7 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         seconds = t1 - t0
     finally:
         onset_module.build_pair = build_pair
+        onset_module._run_concurrent = run_concurrent
     build = sum(builds)
     seconds -= build
     concurrent: dict = {}
@@ -190,7 +204,9 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
                                                if k.endswith("_at") and k != "spawned_at"},
                       "reference_model_shipped": start.get("model_shipped"),
                       "candidate_built_s": built_at[-1] - start["spawned_at"],
-                      "seconds": process.get("seconds")}
+                      "seconds": process.get("seconds"),
+                      "switched_to_concurrent": info.get("switched_to_concurrent"),
+                      "peak_before_switch_bytes": before_switch[0] if before_switch else None}
     if prof is not None:
         import io
         import pstats
@@ -201,11 +217,26 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         Path(profile).write_text(f"run_onset {seconds:.2f} s less builds {build:.2f} s\n" + text.getvalue())
     peak = torch.cuda.max_memory_allocated() if cfg.device.startswith("cuda") else 0
     peak += concurrent.get("reference_peak_bytes", 0)
+    if before_switch:  # the stopped sequential run's peak came before the reference process's
+        peak = max(peak, before_switch[0])
     if reports is not None:
         data = comparison.to_json()
         data["run"] = {k: v for k, v in info.items() if "tokens" in k or k == "first_token_flip"}
         (reports / f"{name}.json").write_text(json.dumps(_clean(data), indent=1, sort_keys=True))
     return seconds, peak, concurrent
+
+
+def where_kept(concurrent: str | None, process: dict) -> str:
+    """Where P5's onset kept the reference's records, in words."""
+    if not process:
+        return "kept in this process" + (" (the command's default: no switch)" if concurrent == "auto" else "")
+    switched = process.get("switched_to_concurrent")
+    if switched is None:
+        return "in its own process (both peaks summed)"
+    before = process["peak_before_switch_bytes"] or 0
+    return (f"the command's default: switched at step {switched['step']}, {switched['site']}, with "
+            f"{switched['kept_on_device_bytes'] / 2**30:.2f} GiB kept; peak {before / 2**30:.2f} GiB before the switch, "
+            "after it both processes' peaks summed")
 
 
 def stats_bandwidth(device: str, mib: int) -> dict[str, float]:
@@ -288,9 +319,10 @@ def main() -> None:
                    help=f"the goals to measure (default all: {' '.join(GOALS)}); P5 reads P1's traced run")
     p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
                    help="where the traced onsets keep the reference's records (onset's --reference-memory)")
-    p.add_argument("--concurrent", action="store_true",
+    p.add_argument("--concurrent", nargs="?", const="on", choices=("on", "auto"),
                    help="the traced onsets record the reference in a process of its own while the candidate runs "
-                        "(onset's --concurrent); the untraced base still runs the pair one after the other, between "
+                        "(onset's --concurrent; 'auto': as the command's default, switching to it once the "
+                        "reference's records are forecast to outgrow their GPU share); the untraced base still runs the pair one after the other, between "
                         "concurrent onsets (on the H200 such runs were slower in two of three calls: modes_ab.py "
                         "divides both modes by one base)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
@@ -324,7 +356,8 @@ def main() -> None:
                                            "new_tokens": args.new_tokens}}
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
-            "reference_memory": args.reference_memory, **({"concurrent": True} if args.concurrent else {})}
+            "reference_memory": args.reference_memory,
+            **({"concurrent": True if args.concurrent == "on" else "auto"} if args.concurrent else {})}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
     cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
@@ -369,14 +402,14 @@ def main() -> None:
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
               f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved; median of each warm run "
               f"over the untraced run after it {paired:.2f}x)" + (
-                  "" if not args.concurrent else f"; concurrent: timed from when both sides were ready, this process "
+                  "" if not process else f"; concurrent: timed from when both sides were ready, this process "
                   f"waited {process['waited_for_reference_s']:.2f} s (cold) / "
                   f"{max(waits):.2f} s (warm, at most) for the reference's beyond its own build; from the reference "
                   f"process's start: this side's candidate built at {process['candidate_built_s']:.2f} s, the "
                   f"reference process's " + ", ".join(f"{k} {v:.2f} s" for k, v in
                                                         process["reference_start_up_s"].items())),
               flush=True)
-        if args.concurrent and parts[0]:  # where each side's time went (RemoteTrace.finish), the median of warm runs
+        if process and parts[0]:  # where each side's time went (RemoteTrace.finish), the median of warm runs
             print("P1 concurrent, warm, medians: " + ", ".join(
                 f"{k} {statistics.median(p[k] for p in parts):.3f} s" for k in parts[0]), flush=True)
     if "P2" in goals:
@@ -403,14 +436,16 @@ def main() -> None:
         out["P5"] = {"untraced_peak_bytes": untraced_peak, "onset_peak_bytes": peak,
                      "ratio": peak / untraced_peak}
         side = ""
-        if args.concurrent:  # the same two runs side by side, untraced: what running at once costs before any tracing
+        if process:  # the same two runs side by side, untraced: what running at once costs before any tracing
             torch.cuda.empty_cache()
             both = untraced_side_by_side_peak(cfg)
             out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both,
-                             reference_process_peak_bytes=process["reference_peak_bytes"])  # the rest: this process's
+                             reference_process_peak_bytes=process["reference_peak_bytes"],  # the rest: this process's
+                             switched_to_concurrent=process["switched_to_concurrent"],
+                             peak_before_switch_bytes=process["peak_before_switch_bytes"])
             side = f"; untraced side by side {both / 2**30:.2f} GiB: {peak / both:.2f}x"
         print(f"P5 peak memory ({args.prompts}x{args.prompt_len}, reference "
-              f"{'in its own process (both peaks summed)' if args.concurrent else args.reference_memory}): onset "
+              f"{where_kept(args.concurrent, process)}): onset "
               f"{peak / 2**30:.2f} GiB vs untraced {untraced_peak / 2**30:.2f} GiB = {peak / untraced_peak:.2f}x{side} "
               f"(onset {seconds:.2f} s" + ("" if pair is None else f" vs untraced pair {pair:.2f} s") + ")", flush=True)
     if args.json:

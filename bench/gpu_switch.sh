@@ -5,7 +5,8 @@
 # reference outgrows half the GPU), --concurrent from the start and --no-concurrent (kept here, the rest in host
 # memory), each a fresh process (MODES: which), timed whole; reports compared less the run's volatile fields; then
 # bench/spill_diff.py at 8 x 512 (DIFF=0: not). SDPA=<backend>: every run with --sdpa <backend>; TESTS=0: no GPU
-# tests. Logs under $OUT.
+# tests; REUSE="<mode> ...": reports of those modes already at /tmp/<mode>.json (an earlier call's), compared too.
+# Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1 TIMEFORMAT=%R
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -20,7 +21,7 @@ for mode in ${MODES:-default concurrent no-concurrent}; do
     grep "outgrew\|host memory" /tmp/$mode.err | tee -a $OUT/switch.log
     gzip -c /tmp/$mode.json > $OUT/$mode.json.gz
 done
-python3 - ${MODES:-default concurrent no-concurrent} <<'PY' 2>&1 | tee -a $OUT/switch.log
+python3 - ${MODES:-default concurrent no-concurrent} ${REUSE:-} <<'PY' 2>&1 | tee -a $OUT/switch.log
 import json, sys
 sys.path.insert(0, "bench")
 from bench_trace import _clean, differences

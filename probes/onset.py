@@ -11,9 +11,9 @@ tokens would have flipped. Each side runs in its own mode (``eager``, ``static``
 
 With ``RunConfig.concurrent`` the reference runs in a process of its own while the candidate runs
 (``ulptrace.concurrent``): ``True`` always; ``"auto"`` (the CLI's default) only once the reference, kept in this
-process, has outgrown its share of the GPU's memory (``MemorySink``'s ``auto``): a long prompt's reference then
-goes to host memory, which is slow and large, so the onset stops and starts again streaming it — said, and in the
-run info.
+process, is forecast to outgrow its share of the GPU's memory (``MemorySink``'s ``auto``, ``RecordForecast``: from
+the prompt's first layer, or from a decode step) or has outgrown it: a long prompt's reference would go to host
+memory, which is slow and large, so the onset stops and starts again streaming it — said, and in the run info.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ulptrace.concurrent import ReferenceProcess
 from ulptrace.judging import JudgePool
 from ulptrace.paths import apply_path
 from ulptrace.progress import Progress
-from ulptrace.record import MemorySink, recording_collector
+from ulptrace.record import MemorySink, Outgrowth, RecordForecast, recording_collector
 from ulptrace.run import (
     RunConfig,
     build_pair,
@@ -68,7 +68,8 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
         return _run_concurrent(cfg, say, bar)
-    # "auto": switch once the reference outgrows its GPU share (only where its records are kept here by auto)
+    # "auto": switch once the reference is forecast to outgrow its GPU share or has (only where its records are kept
+    # here by auto)
     switch = cfg.concurrent == "auto" and cfg.reference_memory == "auto" and reference_dir is None
     try:
         with ExitStack() as stack:
@@ -87,18 +88,32 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     del ref_model, cand_model, prompts, pool, stack
     gc.collect()
     torch.cuda.empty_cache()  # the memory they took goes back to the device, for the reference's own process
-    say(f"the reference's records outgrew their share of {outgrown['device']}'s memory "
-        f"({outgrown['kept_on_device_bytes'] / 2**30:.2f} GiB kept there) at step {outgrown['step']}; starting again "
-        "with the reference in a process of its own, its records streamed as the candidate runs (--no-concurrent: "
-        "keep them here, the rest in host memory)")
+    gib = lambda key: f"{outgrown[key] / 2**30:.2f} GiB"
+    why = (f"outgrew their share of {outgrown['device']}'s memory ({gib('kept_on_device_bytes')} kept there)"
+           if "forecast_bytes" not in outgrown else
+           f"would outgrow their share of {outgrown['device']}'s memory ({gib('forecast_bytes')} forecast from "
+           f"{outgrown['forecast_from']}, {gib('room_bytes')} of room; {gib('kept_on_device_bytes')} kept so far)")
+    say(f"the reference's records {why} at step {outgrown['step']}; starting again with the reference in a process "
+        "of its own, its records streamed as the candidate runs (--no-concurrent: keep them here, the rest in host "
+        "memory)")
     comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar)
     info["switched_to_concurrent"] = outgrown
     return comparison, info
 
 
+def _forecast(cfg: RunConfig, model: Any) -> RecordForecast:
+    """The forecast of the reference's records in ``cfg``'s run: each recorded layer's kind is the site kinds
+    recorded there (a hybrid model's kinds of layer record different amounts)."""
+    kinds: dict[int, set[str]] = {}
+    for site in selected_sites(model, cfg):
+        if site.layer is not None:
+            kinds.setdefault(site.layer, set()).add(site.kind)
+    return RecordForecast({layer: frozenset(k) for layer, k in kinds.items()}, cfg.new_tokens)
+
+
 class _Outgrown(Exception):
-    """The sequential onset's reference outgrew its GPU share (``RunConfig.concurrent == "auto"``): raised from its
-    sink's spill, inside the reference's run, so that the onset starts again with ``--concurrent``."""
+    """The sequential onset's reference outgrew its GPU share or is forecast to (``RunConfig.concurrent == "auto"``):
+    raised from its sink's spill or forecast, inside the reference's run, so that the onset starts again with ``--concurrent``."""
 
     def __init__(self, where: dict[str, Any]) -> None:
         super().__init__(f"the reference's records outgrew their GPU share: {where}")
@@ -134,7 +149,8 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
                     ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None,
                     switch: bool = False) -> tuple[Comparison, dict[str, Any]]:
     """The onset in this process: the reference recorded and kept, then the candidate streamed against it.
-    ``switch``: a reference outgrowing its GPU share raises ``_Outgrown`` instead of going on in host memory."""
+    ``switch``: a reference forecast to outgrow its GPU share, or outgrowing it, raises ``_Outgrown`` instead of going
+    on in host memory."""
     info = _run_info(cfg)
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
@@ -154,8 +170,15 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
                 f"GiB kept there) at step {record.step}; the rest go to host memory, which is slower (`--concurrent` "
                 "streams them instead)")
 
-        ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(device=keep,
-                                                                                          on_spill=spilling)
+        def outgrowing(record: Any, outgrowth: Outgrowth) -> None:  # the switch, before the room is full
+            raise _Outgrown({"device": str(record.out.device), "kept_on_device_bytes": outgrowth.kept_bytes,
+                             "share": MemorySink.AUTO_SHARE, "site": record.site, "step": record.step,
+                             "forecast_bytes": outgrowth.forecast_bytes, "room_bytes": outgrowth.room_bytes,
+                             "forecast_from": outgrowth.basis})
+
+        ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(
+            device=keep, on_spill=spilling, forecast=_forecast(cfg, ref_model) if switch else None,
+            on_outgrow=outgrowing)
         try:
             ref_tokens, final_ref, rec = _record_side(cfg, "reference", ref_model, prompts, ref_sink, None,
                                                       ref_applied, bar, f"reference {cfg.reference}")

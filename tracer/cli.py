@@ -695,8 +695,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
                         "at once. Fastest where one Python process runs several onsets or a run is long; a single "
                         "short command pays the process's start-up; no gain on a CPU. Default: only once the "
-                        "reference's records, kept in this process, outgrow their share of the GPU's memory (a long "
-                        "prompt's: the onset then starts again this way); --no-concurrent: never (README)")
+                        "reference's records, kept in this process, are forecast to outgrow their share of the GPU's "
+                        "memory (a long prompt's, from its first layer: the onset then starts again this way); "
+                        "--no-concurrent: never (README)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="judge the differing records in N processes of their own while the run goes on (the oracle "
                         "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "

@@ -80,6 +80,73 @@ HOLD_BYTES = 256 << 10
 LIVE_BYTES = 64 << 20  # values of this size and more go uncopied to sinks that take them (Sink.live_bytes)
 
 
+class Outgrowth(NamedTuple):
+    """A forecast past a GPU's room (``MemorySink``'s ``on_outgrow``): the bytes kept there so far, the run's
+    forecast total, the room, and what the forecast was made from (``RecordForecast.basis``)."""
+
+    kept_bytes: int
+    forecast_bytes: int
+    room_bytes: int
+    basis: str
+
+
+class RecordForecast:
+    """What a run's records will have taken by its end, forecast as they arrive, so that a reference that cannot fit
+    its room is known at its first layers instead of once the room is full (a long prompt's prefill filled half an
+    H200, 67 GiB at layer 14 of 24, before the onset switched to ``--concurrent``).
+
+    ``layers`` maps each layer the run records to its kind (the site kinds recorded there: a hybrid model's layers
+    record different amounts); ``steps`` is the run's number of forward steps. In step 0 (the prompt), at each new
+    layer: the bytes seen so far, plus, for each layer not yet passed, the mean of the passed layers of its kind (of
+    all passed layers while its kind has none). At the start of each step after the first decode step: the bytes seen
+    so far plus the decode step just ended's bytes for each step left. What it has not seen is left out (decode steps while in the prompt, records
+    after the last layer, a decode step's attention inputs growing with the cache), so apart from a kind not yet
+    passed it reads low."""
+
+    def __init__(self, layers: dict[int, Any], steps: int) -> None:
+        self._kinds = dict(sorted(layers.items()))
+        self._order = {layer: i for i, layer in enumerate(self._kinds)}
+        self._steps = steps
+        self._step = 0
+        self._before = 0  # bytes of the steps before this one
+        self._this = 0  # bytes of this step so far
+        self._by_layer: dict[int, int] = {}  # step 0: bytes of each layer so far
+        self._at = -1  # step 0: the position (in ``layers``' order) of the last layer seen
+        self.basis = ""  # what the last forecast was made from, in words
+
+    def add(self, step: int, layer: int | None, size: int) -> int | None:
+        """Count a record of ``size`` bytes; the forecast total when this record starts a layer of the prompt or a
+        later step (None otherwise)."""
+        forecast = None
+        if step != self._step:
+            ended, left, decoded = self._this, self._steps - step, self._step > 0
+            self._before, self._step, self._this = self._before + ended, step, 0
+            if decoded:  # (the prompt's step is no measure of a decode step's)
+                forecast = self._before + ended * left
+                self.basis = f"step {step - 1}'s records for each of the {left} steps left"
+        position = self._order.get(layer) if step == 0 and layer is not None else None
+        if position is not None and position > self._at:
+            if self._at >= 0:
+                forecast = self._prompt(position)
+            self._at = position
+        self._this += size
+        if position is not None:
+            self._by_layer[layer] = self._by_layer.get(layer, 0) + size
+        return forecast
+
+    def _prompt(self, position: int) -> int:
+        """Step 0's forecast at the start of the layer at ``position``: the layers before it passed."""
+        passed = {layer: self._by_layer.get(layer, 0) for layer in list(self._kinds)[:position]}
+        by_kind: dict[Any, list[int]] = {}
+        for layer, size in passed.items():
+            by_kind.setdefault(self._kinds[layer], []).append(size)
+        overall = sum(passed.values()) / len(passed)
+        ahead = sum(sum(by_kind[kind]) / len(by_kind[kind]) if kind in by_kind else overall
+                    for layer, kind in self._kinds.items() if layer not in passed)
+        self.basis = f"the prompt's first {position} of {len(self._kinds)} layers"
+        return int(self._this + ahead)
+
+
 class MemorySink:
     """Keeps every record (a ``Trace`` in memory); with ``device`` (e.g. ``"cpu"``) records are moved
     there as they arrive — a GPU run's reference kept in host memory instead of GPU memory. A move from a
@@ -93,13 +160,17 @@ class MemorySink:
     0.3 ms a call; ``room`` is the bound). What went to the host is counted (``spilled``: records and bytes) and,
     the first time, ``on_spill(record, kept_bytes)`` is called with the record sent there and what its GPU kept: a
     long run's reference outgrowing its GPU share is slow (its copies into page-locked host memory, then each
-    record's way back to be compared), and the caller should say so or do otherwise (``onset``).
+    record's way back to be compared), and the caller should say so or do otherwise (``onset``). With a
+    ``forecast`` (a :class:`RecordForecast` of the run), ``on_outgrow(record, Outgrowth)`` is called once, at
+    the first forecast past the room of the GPU the records are kept on — for a caller that does
+    otherwise, before the room is full (only while every record kept came from one GPU).
     """
 
     AUTO_SHARE = 0.5
 
     def __init__(self, metadata: dict[str, Any] | None = None, device: str | torch.device | None = None,
-                 on_spill: Callable[[Record, int], None] | None = None) -> None:
+                 on_spill: Callable[[Record, int], None] | None = None, forecast: RecordForecast | None = None,
+                 on_outgrow: Callable[[Record, Outgrowth], None] | None = None) -> None:
         self._trace = Trace(metadata)
         self.auto = device == "auto"
         self.device = torch.device("cpu") if self.auto else None if device is None else torch.device(device)
@@ -112,6 +183,8 @@ class MemorySink:
         self.kept_bytes: dict[torch.device, int] = {}  # auto: bytes kept on each GPU (each bounded device)
         self.spilled = {"records": 0, "bytes": 0}  # auto: what went to the host past a GPU's share
         self._on_spill = on_spill
+        self._forecast, self._on_outgrow = forecast, on_outgrow
+        self._rooms: dict[torch.device, int] = {}  # auto: each bounded device's room when its first record came
 
     @property
     def trace(self) -> Trace:
@@ -139,6 +212,8 @@ class MemorySink:
         where = record.out.device
         if where not in self._budget:
             self._budget[where] = self.room(where)
+            if self._budget[where] is not None:
+                self._rooms[where] = self._budget[where]
         if self._budget[where] is None:
             return True
         size, seen = record.out.nbytes, {id(record.out)}
@@ -146,6 +221,8 @@ class MemorySink:
             if id(t) not in seen:
                 seen.add(id(t))
                 size += t.nbytes
+        if self._forecast is not None:
+            self._foresee(record, size, where)
         if size <= self._budget[where]:
             self._budget[where] -= size
             self.kept_bytes[where] = self.kept_bytes.get(where, 0) + size
@@ -155,6 +232,19 @@ class MemorySink:
         self.spilled["records"] += 1
         self.spilled["bytes"] += size
         return False
+
+    def _foresee(self, record: Record, size: int, where: torch.device) -> None:
+        """Count ``record`` in the forecast; past the room, say so once (``on_outgrow``)."""
+        if len(self._rooms) > 1:  # records on several GPUs: each has its own room, the forecast is the run's
+            self._forecast = None
+            return
+        forecast = self._forecast
+        total = forecast.add(record.step, record.layer, size)
+        if total is not None and total > self._rooms[where]:
+            self._forecast = None
+            if self._on_outgrow is not None:
+                self._on_outgrow(record, Outgrowth(self.kept_bytes.get(where, 0), total, self._rooms[where],
+                                                   forecast.basis))
 
     def add(self, record: Record) -> None:
         if self.auto and self._fits(record):

@@ -71,6 +71,67 @@ def test_concurrent_auto_starts_again_streaming_a_reference_that_outgrew_its_roo
         assert "switched_to_concurrent" not in info and "reference_process" not in info
 
 
+def _kept_sizes(cfg: RunConfig) -> list[tuple[int, int | None, str, int]]:
+    """(step, layer, site, bytes) of each reference record as ``MemorySink`` counts what it keeps (a tensor in several
+    roles once), in the order they come."""
+    from ulptrace.run import build_pair, record_generation, selected_sites
+
+    sizes = []
+
+    class Counting(MemorySink):
+        def add(self, record) -> None:
+            tensors = {id(t): t for t in (record.out, *record.inputs.values())}
+            sizes.append((record.step, record.layer, record.site, sum(t.nbytes for t in tensors.values())))
+
+    ref, _, prompts = build_pair(cfg)
+    record_generation(ref, cfg, "reference", prompts, {}, sink=Counting(), sites=selected_sites(ref, cfg))
+    return sizes
+
+
+@pytest.mark.parametrize("when", ["prompt", "decode", "fits"])
+def test_concurrent_auto_switches_once_the_forecast_passes_the_room(monkeypatch, when) -> None:
+    """The switch comes at the first forecast past the room, not once the room is full (at 8 x 4,096 tokens on an
+    H200 the room was 67 GiB, full at layer 14 of 24): in the prompt, once its first layer has passed and the
+    layers ahead counted as it (``prompt``: a room that holds two layers and a half); at a decode step, the last
+    decode step's records counted for each step left (``decode``: a room past every forecast of the prompt, short of
+    the run). A room the run fits with some to spare is never forecast past (``fits``). Reports as the sequential
+    onset's."""
+    cfg = RunConfig(**SMALL)
+    sizes = _kept_sizes(cfg)
+    total = sum(size for *_, size in sizes)
+    first_of = lambda step, layer: next(i for i, (s, l, _, _) in enumerate(sizes) if s == step and l == layer)
+    before = lambda index: sum(size for *_, size in sizes[:index])
+    layer1, layer2, layer3 = first_of(0, 1), first_of(0, 2), first_of(0, 3)
+    step1, step2 = (next(i for i, (s, *_) in enumerate(sizes) if s == step) for step in (1, 2))
+    if when == "prompt":
+        room, at = (before(layer2) + before(layer3)) // 2, layer1
+        # at layer 1: the bytes before layer 0 and layer 0's, once for each of the 4 layers (tiny-qwen3.5 has 4)
+        forecast = before(first_of(0, 0)) + 4 * (before(layer1) - before(first_of(0, 0)))
+        basis = "the prompt's first 1 of 4 layers"
+    else:
+        room, at = ((before(step2) + total) // 2, step2) if when == "decode" else (total * 6 // 5, None)
+        forecast = before(step2) + (before(step2) - before(step1)) * (SMALL["new_tokens"] - 2)
+        basis = "step 1's records for each of the 1 steps left"
+    assert at is None or before(at) <= room < forecast  # the switch comes before the room is full
+    sequential = _report(cfg)
+    monkeypatch.setattr(MemorySink, "room", classmethod(lambda cls, device: room))
+    said: list[str] = []
+    try:
+        comparison, info = run_onset(RunConfig(**SMALL, concurrent="auto"), progress=said.append)
+    finally:
+        shutdown()
+    switched = info.pop("switched_to_concurrent", None)
+    assert essentials(dict(comparison.to_json(), run=info)) == essentials(sequential)
+    if at is None:
+        assert switched is None and "reference_spilled" not in info and "reference_process" not in info
+        return
+    assert {key: switched[key] for key in ("site", "step", "kept_on_device_bytes", "forecast_bytes", "room_bytes",
+                                           "forecast_from")} == {
+        "site": sizes[at][2], "step": sizes[at][0], "kept_on_device_bytes": before(at), "forecast_bytes": forecast,
+        "room_bytes": room, "forecast_from": basis}
+    assert sum("would outgrow their share of cpu's memory" in line and "forecast from" in line for line in said) == 1
+
+
 def test_concurrent_takes_true_false_or_auto() -> None:
     RunConfig(concurrent="auto").validate()
     RunConfig(concurrent="auto", reference_memory="host").validate()  # auto never switches then: no conflict

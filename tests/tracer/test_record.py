@@ -154,6 +154,46 @@ def test_memory_sink_auto_spills_to_host_past_its_share(monkeypatch) -> None:
     assert sink.spilled == {"records": 2, "bytes": 8 * 2**20} and sink.kept_bytes == {first.device: 4 * 2**20}
 
 
+def test_the_record_forecast_scales_the_prompts_layers_by_kind_and_repeats_a_decode_step() -> None:
+    """Hand-computed: layers 0 and 2 of one kind, 1 and 3 of another, three steps (0: the prompt). At each layer of
+    the prompt: the bytes so far plus, for each layer ahead, the mean of the passed layers of its kind (of all passed
+    layers while its kind has none); from the second decode step on: the bytes so far plus the last decode step's for
+    each step left (the prompt's step is no measure of a decode step's: no forecast at step 1)."""
+    from ulptrace.record import RecordForecast
+
+    forecast = RecordForecast({0: "gdn", 1: "attn", 2: "gdn", 3: "attn"}, steps=4)
+    seen = [forecast.add(0, None, 10), forecast.add(0, 0, 100), forecast.add(0, 0, 20)]
+    assert seen == [None, None, None]  # nothing passed yet
+    assert forecast.add(0, 1, 50) == 10 + 120 + 3 * 120  # layer 0 passed: every layer ahead counts as it did
+    assert "first 1 of 4 layers" in forecast.basis
+    assert forecast.add(0, 1, 10) is None
+    assert forecast.add(0, 2, 100) == 10 + 120 + 60 + 120 + 60  # both kinds passed: each layer as its kind's mean
+    assert forecast.add(0, 3, 60) == 10 + 120 + 60 + 100 + 60  # layer 2 as it was, layer 3 as layer 1
+    assert forecast.add(0, None, 5) is None  # after the last layer (the logits): counted, no layer started
+    assert forecast.add(1, 0, 7) is None and forecast.add(1, None, 3) is None  # step 0 is 355 bytes, step 1 10
+    assert forecast.add(2, 0, 4) == 355 + 10 + 10 * 2  # steps 2 and 3 left, each as step 1
+    assert forecast.basis == "step 1's records for each of the 2 steps left"
+    assert forecast.add(3, 0, 1) == 355 + 10 + 4 + 4 * 1
+    assert RecordForecast({5: "a"}, steps=1).add(0, 5, 8) is None  # one layer: nothing to scale
+
+
+def test_memory_sink_auto_says_once_when_the_forecast_passes_its_room(monkeypatch) -> None:
+    """``on_outgrow`` is called at the first forecast past the room (the room counted when the first record came),
+    once, with what was kept and forecast; records keep going where the room says (here all kept: they fit)."""
+    from ulptrace.record import MemorySink, Outgrowth, RecordForecast
+    from ulptrace.trace import Record
+
+    monkeypatch.setattr(MemorySink, "room", classmethod(lambda cls, device: 1000))
+    said = []
+    sink = MemorySink(device="auto", forecast=RecordForecast({0: "a", 1: "a", 2: "a"}, steps=1),
+                      on_outgrow=lambda record, outgrowth: said.append((record.site, outgrowth)))
+    for layer in range(3):
+        sink.add(Record(f"l{layer}", 0, "norm", layer, torch.ones(100), {}))  # 400 bytes each
+    assert said == [("l1", Outgrowth(kept_bytes=400, forecast_bytes=1200, room_bytes=1000,
+                                     basis="the prompt's first 1 of 3 layers"))]
+    assert sink.spilled["records"] == 1  # the third record did not fit the room: past it, as without a forecast
+
+
 @pytest.mark.parametrize("name", ["tiny-qwen3.5", "tiny-llama"])
 def test_recorder_releases_each_observation_once_its_sites_have_emitted(name) -> None:
     """The recorder holds what a site still to emit needs, not a whole step: while a step runs it never holds
