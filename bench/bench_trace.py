@@ -322,9 +322,10 @@ def main() -> None:
     p.add_argument("--concurrent", nargs="?", const="on", choices=("on", "auto"),
                    help="the traced onsets record the reference in a process of its own while the candidate runs "
                         "(onset's --concurrent; 'auto': as the command's default, switching to it once the "
-                        "reference's records are forecast to outgrow their GPU share); the untraced base still runs the pair one after the other, between "
-                        "concurrent onsets (on the H200 such runs were slower in two of three calls: modes_ab.py "
-                        "divides both modes by one base)")
+                        "reference's records are forecast to outgrow their GPU share); the untraced base still runs "
+                        "the pair one after the other, between concurrent onsets (on the H200 such runs were slower "
+                        "in two of three calls, which idle_helper.py --rounds then traced to the host's drift, not "
+                        "the kept process; modes_ab.py divides both modes by one base)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="P3's onsets judge in N processes of their own (onset's --judge-workers), kept between its runs")
     p.add_argument("--part-mib", type=int, metavar="MIB",
