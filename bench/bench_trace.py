@@ -235,8 +235,8 @@ def where_kept(concurrent: str | None, process: dict) -> str:
         return "in its own process (both peaks summed)"
     before = process["peak_before_switch_bytes"] or 0
     return (f"the command's default: switched at step {switched['step']}, {switched['site']}, with "
-            f"{switched['kept_on_device_bytes'] / 2**30:.2f} GiB kept; peak {before / 2**30:.2f} GiB before the switch, "
-            "after it both processes' peaks summed")
+            f"{switched['kept_on_device_bytes'] / 2**30:.2f} GiB kept; peak {before / 2**30:.2f} GiB before the "
+            "switch, after it both processes' peaks summed")
 
 
 def stats_bandwidth(device: str, mib: int) -> dict[str, float]:

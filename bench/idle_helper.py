@@ -101,7 +101,8 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def alternate(args, run, onset, onsets: list[float]) -> None:
-    """``--rounds``: none / kept-idle alternating, each round's ratio, what the helpers and this process ran meanwhile."""
+    """``--rounds``: none / kept-idle alternating, each round's ratio, what the helpers and this process ran
+    meanwhile."""
     import multiprocessing
     import os
     import threading
@@ -122,7 +123,8 @@ def alternate(args, run, onset, onsets: list[float]) -> None:
         wall = time.perf_counter() - t0
         helper_cpu = cpu_seconds(helpers) - cpu0
         threads = sorted(t.name for t in threading.enumerate())
-        record = {"none_s": none, "kept_idle_s": kept, "ratio_of_medians": statistics.median(kept) / statistics.median(none),
+        ratio = statistics.median(kept) / statistics.median(none)
+        record = {"none_s": none, "kept_idle_s": kept, "ratio_of_medians": ratio,
                   "helper_pids": helpers, "helper_cpu_s_during_kept": helper_cpu, "kept_wall_s": wall,
                   "python_threads_before_onsets": threads_before, "python_threads_kept": threads,
                   "os_threads_kept": len(os.listdir("/proc/self/task"))}

@@ -113,7 +113,8 @@ def _forecast(cfg: RunConfig, model: Any) -> RecordForecast:
 
 class _Outgrown(Exception):
     """The sequential onset's reference outgrew its GPU share or is forecast to (``RunConfig.concurrent == "auto"``):
-    raised from its sink's spill or forecast, inside the reference's run, so that the onset starts again with ``--concurrent``."""
+    raised from its sink's spill or forecast, inside the reference's run, so that the onset starts again with
+    ``--concurrent``."""
 
     def __init__(self, where: dict[str, Any]) -> None:
         super().__init__(f"the reference's records outgrew their GPU share: {where}")

@@ -99,9 +99,9 @@ class RecordForecast:
     record different amounts); ``steps`` is the run's number of forward steps. In step 0 (the prompt), at each new
     layer: the bytes seen so far, plus, for each layer not yet passed, the mean of the passed layers of its kind (of
     all passed layers while its kind has none). At the start of each step after the first decode step: the bytes seen
-    so far plus the decode step just ended's bytes for each step left. What it has not seen is left out (decode steps while in the prompt, records
-    after the last layer, a decode step's attention inputs growing with the cache), so apart from a kind not yet
-    passed it reads low."""
+    so far plus the decode step just ended's bytes for each step left. What it has not seen is left out (decode steps
+    while in the prompt, records after the last layer, a decode step's attention inputs growing with the cache), so
+    apart from a kind not yet passed it reads low."""
 
     def __init__(self, layers: dict[int, Any], steps: int) -> None:
         self._kinds = dict(sorted(layers.items()))
