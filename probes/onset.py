@@ -84,7 +84,11 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
             return comparison, info
     except _Outgrown as exc:
         outgrown = exc.where
-    # out of the except block: the traceback, and the reference's records its frames held, are gone
+    # out of the except block: the traceback, and the reference's records its frames held, are gone. The models as
+    # built are kept for the new start (the candidate's was not run yet; the reference's, whose run stopped, only
+    # where the oracle judges by it here): rebuilding them would draw their weights again beside the reference
+    # process's start-up, on the same cores
+    built = (ref_model if cfg.oracle else None, cand_model, prompts)
     del ref_model, cand_model, prompts, pool, stack
     gc.collect()
     torch.cuda.empty_cache()  # the memory they took goes back to the device, for the reference's own process
@@ -96,7 +100,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     say(f"the reference's records {why} at step {outgrown['step']}; starting again with the reference in a process "
         "of its own, its records streamed as the candidate runs (--no-concurrent: keep them here, the rest in host "
         "memory)")
-    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar)
+    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, built)
     info["switched_to_concurrent"] = outgrown
     return comparison, info
 
@@ -214,11 +218,14 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
-def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -> tuple[Comparison, dict[str, Any]]:
+def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
+                    built: tuple[Any, Any, torch.Tensor] | None = None) -> tuple[Comparison, dict[str, Any]]:
     """``_run_onset`` with the reference recorded in a process of its own while the candidate runs
     (``ulptrace.concurrent``): the same records compared the same way, the candidate fed the reference's tokens as
     they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
-    other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it)."""
+    other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it).
+    ``built``: (the reference model or None without the oracle, the candidate model, the prompts) as ``build_pair``
+    made them, no path applied to the candidate yet — the switch's, not built again."""
     check_run(cfg)  # before a process is started
     info = _run_info(cfg)
     with ExitStack() as stack:
@@ -226,7 +233,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress) -
         pool = _judge_pool(cfg, stack)
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} in a process of its own "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
-        ref_model, cand_model, prompts = build_pair(cfg, reference=cfg.oracle)
+        ref_model, cand_model, prompts = built if built is not None else build_pair(cfg, reference=cfg.oracle)
         remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
         if pool is not None:
             pool.start(ref_model)
