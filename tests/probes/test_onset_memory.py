@@ -7,6 +7,8 @@ small room of their own; the GPU tests shrink the real share."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from onset_reports import essentials
 from onset_reports import report as _report
@@ -88,26 +90,29 @@ def _kept_sizes(cfg: RunConfig) -> list[tuple[int, int | None, str, int]]:
     return sizes
 
 
-@pytest.mark.parametrize("when", ["prompt", "decode", "fits"])
-def test_concurrent_auto_switches_once_the_forecast_passes_the_room(monkeypatch, when) -> None:
+@pytest.mark.parametrize(("model", "when"), [("tiny-qwen3.5", "prompt"), ("tiny-qwen3.5", "decode"),
+                                           ("tiny-qwen3.5", "fits"), ("tiny-llama", "prompt")])
+def test_concurrent_auto_switches_once_the_forecast_passes_the_room(monkeypatch, model, when) -> None:
     """The switch comes at the first forecast past the room, not once the room is full (at 8 x 4,096 tokens on an
     H200 the room was 67 GiB, full at layer 14 of 24): in the prompt, once its first layer has passed and the
-    layers ahead counted as it (``prompt``: a room that holds two layers and a half); at a decode step, the last
-    decode step's records counted for each step left (``decode``: a room past every forecast of the prompt, short of
-    the run). A room the run fits with some to spare is never forecast past (``fits``). Reports as the sequential
-    onset's."""
-    cfg = RunConfig(**SMALL)
+    layers ahead counted as it (``prompt``: a room that holds two layers and a half; a hybrid family and a plain
+    one); at a decode step, the last decode step's records counted for each step left (``decode``: a room past every
+    forecast of the prompt, short of the run). A room the run fits with some to spare is never forecast past
+    (``fits``). Reports as the sequential onset's."""
+    cfg = RunConfig(**{**SMALL, "model": model})
     sizes = _kept_sizes(cfg)
+    layers = len({layer for _, layer, _, _ in sizes if layer is not None})
     total = sum(size for *_, size in sizes)
     first_of = lambda step, layer: next(i for i, (s, l, _, _) in enumerate(sizes) if s == step and l == layer)
     before = lambda index: sum(size for *_, size in sizes[:index])
-    layer1, layer2, layer3 = first_of(0, 1), first_of(0, 2), first_of(0, 3)
+    layer0, layer1, layer2 = first_of(0, 0), first_of(0, 1), first_of(0, 2)
+    layer2_end = max(i for i, (s, l, _, _) in enumerate(sizes) if s == 0 and l == 2) + 1
     step1, step2 = (next(i for i, (s, *_) in enumerate(sizes) if s == step) for step in (1, 2))
     if when == "prompt":
-        room, at = (before(layer2) + before(layer3)) // 2, layer1
-        # at layer 1: the bytes before layer 0 and layer 0's, once for each of the 4 layers (tiny-qwen3.5 has 4)
-        forecast = before(first_of(0, 0)) + 4 * (before(layer1) - before(first_of(0, 0)))
-        basis = "the prompt's first 1 of 4 layers"
+        room, at = (before(layer2) + before(layer2_end)) // 2, layer1
+        # at layer 1: the bytes before layer 0, and layer 0's once for each layer (none of another kind passed yet)
+        forecast = before(layer0) + layers * (before(layer1) - before(layer0))
+        basis = f"the prompt's first 1 of {layers} layers"
     else:
         room, at = ((before(step2) + total) // 2, step2) if when == "decode" else (total * 6 // 5, None)
         forecast = before(step2) + (before(step2) - before(step1)) * (SMALL["new_tokens"] - 2)
@@ -117,7 +122,7 @@ def test_concurrent_auto_switches_once_the_forecast_passes_the_room(monkeypatch,
     monkeypatch.setattr(MemorySink, "room", classmethod(lambda cls, device: room))
     said: list[str] = []
     try:
-        comparison, info = run_onset(RunConfig(**SMALL, concurrent="auto"), progress=said.append)
+        comparison, info = run_onset(replace(cfg, concurrent="auto"), progress=said.append)
     finally:
         shutdown()
     switched = info.pop("switched_to_concurrent", None)
