@@ -166,9 +166,12 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
         # host memory after (auto; MemorySink's "auto"), so a long prompt's records still fit beside two models
         keep = {"host": "cpu", "device": None, "auto": "auto"}[cfg.reference_memory]
 
+        def at(record: Any, kept: int) -> dict[str, Any]:  # where the reference outgrew its share, or will
+            return {"device": str(record.out.device), "kept_on_device_bytes": kept, "share": MemorySink.AUTO_SHARE,
+                    "site": record.site, "step": record.step}
+
         def spilling(record: Any, kept: int) -> None:
-            where = {"device": str(record.out.device), "kept_on_device_bytes": kept, "share": MemorySink.AUTO_SHARE,
-                     "site": record.site, "step": record.step}
+            where = at(record, kept)
             if switch:
                 raise _Outgrown(where)
             say(f"the reference's records have filled their share of {where['device']}'s memory ({kept / 2**30:.2f} "
@@ -176,10 +179,8 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
                 "streams them instead)")
 
         def outgrowing(record: Any, outgrowth: Outgrowth) -> None:  # the switch, before the room is full
-            raise _Outgrown({"device": str(record.out.device), "kept_on_device_bytes": outgrowth.kept_bytes,
-                             "share": MemorySink.AUTO_SHARE, "site": record.site, "step": record.step,
-                             "forecast_bytes": outgrowth.forecast_bytes, "room_bytes": outgrowth.room_bytes,
-                             "forecast_from": outgrowth.basis})
+            raise _Outgrown({**at(record, outgrowth.kept_bytes), "forecast_bytes": outgrowth.forecast_bytes,
+                             "room_bytes": outgrowth.room_bytes, "forecast_from": outgrowth.basis})
 
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(
             device=keep, on_spill=spilling, forecast=_forecast(cfg, ref_model) if switch else None,

@@ -184,7 +184,6 @@ class MemorySink:
         self.spilled = {"records": 0, "bytes": 0}  # auto: what went to the host past a GPU's share
         self._on_spill = on_spill
         self._forecast, self._on_outgrow = forecast, on_outgrow
-        self._rooms: dict[torch.device, int] = {}  # auto: each bounded device's room when its first record came
 
     @property
     def trace(self) -> Trace:
@@ -212,8 +211,6 @@ class MemorySink:
         where = record.out.device
         if where not in self._budget:
             self._budget[where] = self.room(where)
-            if self._budget[where] is not None:
-                self._rooms[where] = self._budget[where]
         if self._budget[where] is None:
             return True
         size, seen = record.out.nbytes, {id(record.out)}
@@ -235,16 +232,16 @@ class MemorySink:
 
     def _foresee(self, record: Record, size: int, where: torch.device) -> None:
         """Count ``record`` in the forecast; past the room, say so once (``on_outgrow``)."""
-        if len(self._rooms) > 1:  # records on several GPUs: each has its own room, the forecast is the run's
-            self._forecast = None
+        if sum(budget is not None for budget in self._budget.values()) > 1:  # records on several GPUs: each has its
+            self._forecast = None  # own room, the forecast is the run's
             return
-        forecast = self._forecast
+        forecast, kept = self._forecast, self.kept_bytes.get(where, 0)
+        room = self._budget[where] + kept  # as it was when the first record came (spilled ones never counted)
         total = forecast.add(record.step, record.layer, size)
-        if total is not None and total > self._rooms[where]:
+        if total is not None and total > room:
             self._forecast = None
             if self._on_outgrow is not None:
-                self._on_outgrow(record, Outgrowth(self.kept_bytes.get(where, 0), total, self._rooms[where],
-                                                   forecast.basis))
+                self._on_outgrow(record, Outgrowth(kept, total, room, forecast.basis))
 
     def add(self, record: Record) -> None:
         if self.auto and self._fits(record):
