@@ -26,7 +26,8 @@ import sys
 import time
 
 import torch
-from ulptrace.models import MODELS, _config, build_model
+from ulptrace.catalog import MODELS
+from ulptrace.models import _config, build_model
 
 
 def derived_config(name: str, layers: int) -> dict:

@@ -86,7 +86,8 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
     with ExitStack() as stack:
         path = stack.enter_context(TP.checkpoint_dir(cfg.model, group, dtype=dtype, seed=cfg.seed))
         say(f"loading {cfg.model} sharded over {group.size} ranks ({group.backend}) with transformers' TP plan")
-        from ulptrace.models import MODELS, build_model
+        from ulptrace.catalog import MODELS
+        from ulptrace.models import build_model
 
         label = cfg.model if cfg.model in MODELS else None  # a checkpoint directory is named by its path
         cand = TP.load_sharded(path, group, dtype=dtype, name=label, seed=cfg.seed, sdpa=cfg.sdpa)

@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
 
 def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> None:
     """Options shared by every command that runs a model (also used by ``trace_norm_rounding``)."""
-    from ulptrace.models import DEFAULT_MODEL
+    from ulptrace.catalog import DEFAULT_MODEL
     from ulptrace.sdpa import SDPA_BACKENDS
 
     g = parser.add_argument_group("run")
@@ -99,7 +99,7 @@ def parity_allow(args: argparse.Namespace) -> tuple[str, ...]:
 
 def add_mode_option(group: Any, flag: str, what: str) -> None:
     """A run-mode option (``--mode``, ``--reference-mode``, ``--candidate-mode``)."""
-    from ulptrace.run import MODES
+    from ulptrace.catalog import MODES
 
     group.add_argument(flag, default="eager", choices=MODES,
                        help=f"how {what} runs: eager (dynamic cache), static (static cache), graph (static cache, "
@@ -241,7 +241,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
 def _recorded_model_name(model: str) -> str:
     """The model name a trace records for ``--model`` (embedded name, or the checkpoint's absolute path)."""
-    from ulptrace.models import MODELS
+    from ulptrace.catalog import MODELS
 
     return model if model in MODELS else os.path.abspath(model)
 
@@ -368,6 +368,18 @@ def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differenc
         note = ("same model, seed and prompts; the candidate was not forced (--forced-from), but its own greedy "
                 "tokens equal the reference's, so both runs were fed the same tokens")
     return {"same": not differences, "differences": differences, "candidate_forced_from": forced_from, "note": note}
+
+
+def start_onset_reference(args: argparse.Namespace) -> None:
+    """At the command's first line, before torch is imported here: start the reference process of an onset that
+    runs or may run its reference in a process of its own (``--concurrent``; by default on CUDA, where the onset
+    decides once the model is known — ``ulptrace.concurrent.from_start`` — and stops the process if it does not take
+    it), so that its imports overlap this process's (``ulptrace.spawning``)."""
+    cuda = args.device.startswith("cuda")
+    if args.tp is None and args.reference_memory == "auto" and (args.concurrent or (args.concurrent is None and cuda)):
+        from ulptrace.spawning import start_reference
+
+        start_reference(args.model, args.device, HF_VERBOSITY)
 
 
 def cmd_onset(args: argparse.Namespace) -> int:
@@ -576,7 +588,7 @@ def cmd_batch_invariance(args: argparse.Namespace) -> int:
 
 def add_generation_commands(sub: Any) -> None:
     """The ``matrix``, ``lockstep`` and ``batch-invariance`` subcommands."""
-    from ulptrace.run import MODES
+    from ulptrace.catalog import MODES
 
     locate_help = "skip locating divergent rows (token parity, first divergent steps and near-ties only)"
     seconds_help = ("stop locating rows once locating has taken S seconds (the rest keep their first divergent "
@@ -708,7 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "plan, judged against it unsharded; launch with `torchrun --nproc_per_node N -m ulptrace "
                         "onset --tp N ...` (needs `accelerate`: pip install 'ulptrace[tp]')")
     add_report_options(p)
-    p.set_defaults(fn=cmd_onset)
+    p.set_defaults(fn=cmd_onset, early=start_onset_reference)
 
     p = sub.add_parser("semantics", help="print where the reference rounds at a site (the oracle's op list)")
     p.add_argument("--model", default="tiny-qwen3.5")
@@ -783,6 +795,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         set_quiet(args)
+        early = getattr(args, "early", None)
+        if early is not None:  # before anything heavy is imported here
+            early(args)
         cwd_on_path()
         quiet_transformers()
         return run_cli(args.fn, args)
@@ -791,12 +806,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+HF_VERBOSITY = "error"  # transformers' verbosity in the command (and in the helper processes it starts)
+
+
 def quiet_transformers() -> None:
     """Keep HF's one-time fallback notices (no fla/causal-conv1d) out of reports; they go to the log."""
     try:
         from transformers.utils import logging
 
-        logging.set_verbosity_error()
+        logging.set_verbosity(logging.log_levels[HF_VERBOSITY])
     except ImportError:  # pragma: no cover
         pass
 

@@ -27,7 +27,7 @@ current (``RemoteTrace._let_go``): torch synchronises the current stream when re
 once and the reference waits until this process has read it (or, not taken yet, copied it) and says so — so a long
 prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
 comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
-as they come (``forced_token``). The queue holds a few messages (``AHEAD``), so the reference runs at most that far
+as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs at most that far
 ahead and its records in flight stay bounded. An error in that process is raised here with its traceback; a process
 that dies without a word is reported with its exit code.
 """
@@ -64,22 +64,23 @@ from ulptrace.processes import (
     record_metas,
     remote_error,
     shipped_twin,
-    spawn_context,
-    start_processes,
     torch_settings,
 )
 from ulptrace.reading import UntilRead
+from ulptrace.spawning import ReferenceStart, drop_reference, take_reference
 from ulptrace.trace import Record
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11; annotations are not evaluated here
 
-AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
 PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this size (a long prefill's do not wait whole)
 # values this large are handed to the reference's sink uncopied (Sink.live_bytes: a long prompt's logits, gigabytes):
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
 WAITING_BYTES = 2 * PART_BYTES  # arenas read here and waiting for the device to pass them, at most (RemoteTrace)
+# a model whose weights take this much or more has the command's default (concurrent="auto") run its reference in a
+# process of its own from the start on a CUDA device (from_start)
+FROM_START_BYTES = 512 << 20
 
 
 class _Shipper:
@@ -147,7 +148,30 @@ class _Shipper:
         self.seconds["put_s"] += time.perf_counter() - t1
 
 
-def _serve(commands: Any, out: Any, acks: Any) -> None:
+def from_start(cfg: Any) -> str | None:
+    """Why the onset of ``cfg`` (a ``RunConfig``) runs its reference in a process of its own from the start under
+    ``concurrent="auto"``, the command's default; None where it does not (it then runs the two sides one after the
+    other, switching only if the reference's records are forecast to outgrow their GPU share).
+
+    Where: a CUDA device, the reference's records kept as ``auto`` keeps them, and a model of ``FROM_START_BYTES`` of
+    weights or more. Measured on the H200 (``bench/RESULTS.md``, twenty-fifth round): the 0.8B shape's candidate is
+    built in about the time the new process, started at the command's first line (``ulptrace.spawning``), takes to
+    import, so its start-up costs the command little, and the two sides then run at once (P1's workload 1.4-1.5x the
+    untraced pair against 2.3x one after the other; a long prompt is not started again). A model built in a moment
+    would wait for that start-up, and a CPU has no cores to spare for it."""
+    if cfg.concurrent != "auto" or cfg.reference_memory != "auto" or torch.device(cfg.device).type != "cuda":
+        return None
+    from ulptrace.models import weight_bytes
+    from ulptrace.run import torch_dtype
+
+    size = weight_bytes(cfg.model, torch_dtype(cfg.dtype))
+    if size < FROM_START_BYTES:
+        return None
+    return (f"a model of {size / 2**30:.2f} GiB of weights on {cfg.device} (>= {FROM_START_BYTES >> 20} MiB): the "
+            "reference runs in a process of its own from the start (--no-concurrent: one side after the other here)")
+
+
+def serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
     stop, it ends at once (``processes.exit_now``: nothing is left to flush — every message was taken)."""
@@ -231,21 +255,19 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
 
 
 class _Worker:
-    """A reference process and its two queues: configurations in, a run's messages out (at most ``AHEAD`` waiting)."""
+    """A reference process and its queues (``ulptrace.spawning.ReferenceStart``: the one the command line started
+    for this run, else a new one), and what this side knows of it: the model it holds and the twin it shares."""
 
-    def __init__(self) -> None:
-        context = spawn_context()
-        self.spawned_at = time.perf_counter()
+    def __init__(self, started: ReferenceStart | None = None) -> None:
+        started = started if started is not None else ReferenceStart()
+        self.started = started
+        self.spawned_at = started.spawned_at
+        self.process, self.commands, self.messages, self.acks = (started.process, started.commands, started.messages,
+                                                                 started.acks)
         self.model_key: tuple | None = None  # whose model the process holds (sent or built there)
         self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
-        self.commands = context.Queue()
-        self.messages = context.Queue(maxsize=AHEAD)
-        self.acks = context.Queue()  # this side has read a live value (Sink.live_bytes) the reference waits on
         self.unsent: list[BaseException] = []  # what the commands queue could not send (its model, say)
         note_unsent(self.commands, self.unsent)
-        self.process = context.Process(target=_serve, args=(self.commands, self.messages, self.acks), daemon=True,
-                                       name="ulptrace-reference")
-        start_processes([self.process])
 
     def stop(self, *, idle: bool = False) -> None:
         """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
@@ -259,13 +281,15 @@ _IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, 
 
 def _take_worker(cfg: Any) -> _Worker:
     """The idle reference process of ``cfg``'s model if there is one (its model built, its CUDA context and kernels
-    warm), else a new one; another idle process is stopped (one model's memory kept at most)."""
+    warm), else the one the command line started for this run (``ulptrace.spawning.start_reference``), else a new
+    one; another idle process is stopped (one model's memory kept at most)."""
     key = model_key(cfg)
     worker = _IDLE.pop(key, None)
     if worker is not None and worker.process.is_alive():
+        drop_reference()  # one the command line started is not needed
         return worker
     shutdown()
-    return _Worker()
+    return _Worker(take_reference(cfg.model, cfg.device))
 
 
 def shutdown() -> None:
@@ -338,6 +362,7 @@ class RemoteTrace:
         elif kind == "done":
             self.done = item[1:]
             self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
+            self.done[-1]["start_up"]["sent_at"] = self._owner.sent_at
         else:
             self.failure = remote_error(*item[1:], "the reference run")
             raise self.failure
@@ -437,7 +462,8 @@ class RemoteTrace:
         process: ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA),
         ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
         process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
-        process was started (``spawned_at``, this process's clock), had its imports (``serving_at``, then
+        process was started (``spawned_at``, this process's clock; ``sent_at``, when this process sent the run, its
+        model built), had its imports (``serving_at``, then
         ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
         (``model_at``; ``model_shipped``: a twin sent by this process, else built there)) and ``seconds``, where the
         run's time went on both sides: the reference's run (``run_s``), in it its packing (``pack_s``), its handing
@@ -484,12 +510,13 @@ class ReferenceProcess:
         self._worker: _Worker | None = None
         self._started = False
         self._setup: Setup | None = None  # what the process takes of this one with the run
+        self.sent_at: float | None = None  # when this process sent the run (its model built), time.perf_counter()
 
     def __enter__(self) -> Self:
         self._setup = Setup.of(self.cfg)  # a reference path it could not import: refused before any process starts
         self._worker = _take_worker(self.cfg)
         if self._worker.model_key != model_key(self.cfg):  # a new process: its imports now, while this side builds
-            self._worker.commands.put(("prepare", self.cfg))
+            self._worker.started.prepare(self.cfg.model, self.cfg.device)
         return self
 
     def start(self, model: Any = None) -> None:
@@ -505,6 +532,7 @@ class ReferenceProcess:
             shipped = shipped_twin(model) if model is not None else None
             worker.model_key, worker.shipped = key, shipped
         self._started = True
+        self.sent_at = time.perf_counter()
         # PART_BYTES and LIVE_BYTES read here: a test may set small ones
         worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, self._setup))
 

@@ -58,9 +58,8 @@ from ulptrace.processes import (
     record_metas,
     remote_error,
     shipped_twin,
-    spawn_context,
-    start_processes,
 )
+from ulptrace.spawning import spawn_context, start_processes
 from ulptrace.trace import Record
 from ulptrace.verdicts import queue_bytes_for, stack_hint
 

@@ -1,7 +1,7 @@
 """Embedded models: HF causal LMs that ulptrace can build without any download.
 
-Tracing needs a model, and CI has no network. Each entry here is a transformers config (data, in
-the ``MODELS`` table) plus a seeded random initialisation. HF initialises zero-centred norm weights
+Tracing needs a model, and CI has no network. Each entry is a transformers config (data, in
+``ulptrace.catalog``'s ``MODELS``) plus a seeded random initialisation, made here. HF initialises zero-centred norm weights
 to 0 and standard ones to 1, which hides exactly the scale-precision defects ulptrace exists to find
 (a ``(1 + w)`` formed in BF16 is invisible when ``w == 0``), so after HF's init every norm weight,
 GatedDeltaNet ``A_log``/``dt_bias`` and the embeddings are redrawn around their init with a spread
@@ -12,112 +12,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from ulptrace.families import is_gated_deltanet, norm_scale
-
-DEFAULT_MODEL = "tiny-qwen3.5"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One embedded model: a transformers config class name and its arguments."""
-
-    name: str
-    family: str  # which site table applies: "qwen3_5" or "llama"
-    config_class: str
-    config: dict[str, Any]
-    description: str
-    parameters: int  # its parameter count (tested against the model built on the meta device: count_parameters)
-
-
-# Qwen3.5-0.8B's text backbone, copied from shared/models/qwen3.5-0.8b.json (weights are not
-# available offline; seeded random init is used).
-_QWEN35_08B = {
-    "vocab_size": 248320,
-    "hidden_size": 1024,
-    "intermediate_size": 3584,
-    "num_hidden_layers": 24,
-    "full_attention_interval": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 256,
-    "linear_num_key_heads": 16,
-    "linear_num_value_heads": 16,
-    "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 10000000.0,
-    "partial_rotary_factor": 0.25,
-    "attention_bias": False,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 262144,
-}
-
-MODELS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec(
-            name="tiny-qwen3.5",
-            family="qwen3_5",
-            config_class="Qwen3_5TextConfig",
-            config={
-                "vocab_size": 512,
-                "hidden_size": 128,
-                "intermediate_size": 384,
-                "num_hidden_layers": 4,
-                "full_attention_interval": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "linear_num_key_heads": 2,
-                "linear_num_value_heads": 4,
-                "linear_key_head_dim": 32,
-                "linear_value_head_dim": 32,
-                "linear_conv_kernel_dim": 4,
-                "hidden_act": "silu",
-                "rms_norm_eps": 1e-06,
-                "partial_rotary_factor": 0.25,
-                "tie_word_embeddings": False,
-                "max_position_embeddings": 4096,
-            },
-            description="Qwen3.5 hybrid (GatedDeltaNet + gated full attention), 4 layers, hidden 128",
-            parameters=988_496,
-        ),
-        ModelSpec(
-            name="tiny-llama",
-            family="llama",
-            config_class="LlamaConfig",
-            config={
-                "vocab_size": 512,
-                "hidden_size": 128,
-                "intermediate_size": 384,
-                "num_hidden_layers": 3,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "hidden_act": "silu",
-                "rms_norm_eps": 1e-05,
-                "tie_word_embeddings": False,
-                "max_position_embeddings": 4096,
-            },
-            description="Llama family (RMSNorm with weight, SwiGLU, GQA), 3 layers, hidden 128",
-            parameters=721_792,
-        ),
-        ModelSpec(
-            name="qwen3.5-0.8b",
-            family="qwen3_5",
-            config_class="Qwen3_5TextConfig",
-            config=_QWEN35_08B,
-            description="Qwen3.5-0.8B text backbone shape, seeded random weights (for GPU runs)",
-            parameters=752_393_024,
-        ),
-    )
-}
+from ulptrace.catalog import DEFAULT_MODEL, MODELS, ModelSpec
 
 # Spread of redrawn parameters, as (parameter-name suffix, rule). Norm offsets and scales get a
 # trained-like spread; the GDN decay parameters are drawn around HF's init ranges.
@@ -290,6 +189,17 @@ def count_parameters(name: str) -> int:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(_config(spec))
     return sum(p.numel() for p in model.parameters())
+
+
+def weight_bytes(name_or_path: str, dtype: torch.dtype) -> int:
+    """About how many bytes the weights of ``name_or_path`` take built in ``dtype``, known before it is built: an
+    embedded model's parameter count times the dtype's size; a checkpoint's weight files as stored (every
+    ``*.safetensors`` and ``*.bin`` file in its directory). Raises as :func:`check_model`."""
+    check_model(name_or_path)
+    if name_or_path in MODELS:
+        return MODELS[name_or_path].parameters * dtype.itemsize
+    return sum(entry.stat().st_size for entry in os.scandir(name_or_path)
+               if entry.is_file() and entry.name.endswith((".safetensors", ".bin")))
 
 
 def list_models() -> list[dict[str, Any]]:

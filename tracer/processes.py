@@ -7,7 +7,8 @@ its own and drops what fails to pickle (printing it), so a side that waits on it
 them; a helper whose parent has died must stop instead of blocking on a full queue; an exception raised there is
 raised here as itself (a bad input's one-line error), with the helper's traceback as its cause; and records cross as
 byte arenas (one device copy for many small tensors, shared through CUDA IPC or shared memory: sharing each tensor
-costs more than small records), each tensor an (arena, offset, dtype, shape) spec into them.
+costs more than small records), each tensor an (arena, offset, dtype, shape) spec into them. How a helper is started
+(the start method, its environment) is ``ulptrace.spawning``'s, which imports no torch.
 
 What is sent is put into shared memory on the sending thread (``byte_arena``, ``shipped_twin``), never left to the
 queue's feeder thread: sharing a CPU tensor there copies it with one of torch's parallel loops, and a thread that has
@@ -24,7 +25,6 @@ import multiprocessing
 import os
 import pickle
 import queue as queue_module
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -43,43 +43,8 @@ Spec = tuple[int, int, str, tuple[int, ...]]  # a tensor in arenas: (arena index
 RecordMeta = tuple[str, int, str, "int | None", Spec, dict[str, Spec]]  # a record as specs: site, step, kind, layer
 
 
-def spawn_context() -> Any:
-    """The start method of every helper process: spawned (a fork would copy CUDA state, which CUDA forbids)."""
-    return torch.multiprocessing.get_context("spawn")
-
-
 class Orphaned(SystemExit):
     """The process that started this one is gone: nobody will read or send anything again."""
-
-
-def helper_environment() -> dict[str, str]:
-    """What a helper's environment gets that the user did not set there (spawned helpers read the environment as it
-    is when they start): OpenMP's passive wait policy — a helper shares this machine's cores with this process, and
-    OpenMP threads that spin between parallel regions keep cores from the other side's work (on 2 cores, a reference
-    process spinning beside this one made its run 3-6x slower: ``bench/idle_helper.py``; how threads wait changes no
-    result) — and this process's transformers verbosity, which a new process would otherwise start at ``warning``:
-    the CLI keeps HF's fallback notices out of its output, and a helper printed them beside it."""
-    chosen = {"OMP_WAIT_POLICY": "PASSIVE"}
-    hf_logging = sys.modules.get("transformers.utils.logging")
-    if hf_logging is not None:
-        names = {level: name for name, level in getattr(hf_logging, "log_levels", {}).items() if name != "detail"}
-        name = names.get(hf_logging.get_verbosity())
-        if name is not None:
-            chosen["TRANSFORMERS_VERBOSITY"] = name
-    return {key: value for key, value in chosen.items() if key not in os.environ}
-
-
-def start_processes(processes: Iterable[Any]) -> None:
-    """Start helper processes (spawned) with :func:`helper_environment` added to this process's environment for their
-    start only; this process's environment is left as it was."""
-    added = helper_environment()
-    os.environ.update(added)
-    try:
-        for process in processes:
-            process.start()
-    finally:
-        for key in added:
-            del os.environ[key]
 
 
 def parent_gone() -> bool:

@@ -38,10 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from ulptrace.models import DEFAULT_MODEL
-
-MODES = ("eager", "static", "graph")
-"""Run modes: dynamic cache, static cache, static cache with CUDA-graph decode steps."""
+from ulptrace.catalog import DEFAULT_MODEL, MODES
 
 DTYPES = ("bfloat16", "float16", "float32")
 """Model dtypes a run accepts (the dtypes HF checkpoints and ulptrace's ULP statistics cover)."""

@@ -13,9 +13,10 @@ a pinned model (``refuse_unreached``, ``lowered_error``) rather than run unpinne
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SDPA_BACKENDS = ("default", "flash", "efficient", "math", "cudnn")
 """``--sdpa`` values: ``default`` is torch's own choice per call; the others pin one backend."""
@@ -31,6 +32,8 @@ NO_KERNEL = "No available kernel"
 
 def _on_cuda(device: str | torch.device) -> bool:
     """Whether ``device`` names a CUDA device (False for a name torch does not parse: the device check says why)."""
+    import torch  # here: the command line reads SDPA_BACKENDS before it imports torch
+
     try:
         return torch.device(device).type == "cuda"
     except RuntimeError:
@@ -127,6 +130,8 @@ def no_kernel_error(model: Any, exc: BaseException, where: str) -> ValueError | 
 def default_note(device: str | torch.device, backend: str) -> str | None:
     """What a user should know when torch may pick cuDNN's attention (``--sdpa default`` on CUDA with torch's cuDNN
     attention enabled): a line for stderr, or None."""
+    import torch
+
     if backend != "default" or not _on_cuda(device) or not torch.backends.cuda.cudnn_sdp_enabled():
         return None
     return ("note: torch may run cuDNN's attention here (--sdpa default); on an H200 with torch 2.11 its output did "

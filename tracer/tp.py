@@ -116,7 +116,7 @@ def tp_plan(name_or_path: str) -> dict[str, str]:
     """The model's tensor-parallel plan (``base_model_tp_plan`` of its config), read without loading weights;
     empty when the architecture has none."""
     import transformers
-    from ulptrace.models import MODELS
+    from ulptrace.catalog import MODELS
 
     if name_or_path in MODELS:
         spec = MODELS[name_or_path]
@@ -235,7 +235,8 @@ def checkpoint_dir(model: str, group: Group, *, dtype: torch.dtype, seed: int) -
     """A local checkpoint directory of ``model`` every rank can load: the directory itself, or for an embedded
     model one that rank 0 writes with ``save_pretrained`` (removed on exit, after every rank is done)."""
     import torch.distributed as dist
-    from ulptrace.models import MODELS, build_model
+    from ulptrace.catalog import MODELS
+    from ulptrace.models import build_model
 
     if model not in MODELS:
         yield os.path.abspath(model)

@@ -142,7 +142,8 @@ def test_ending_helpers_drops_what_they_will_never_read() -> None:
     exits at once, not waiting forever to send it (pytest hung after its summary until this was so)."""
     code = (
         "import time\n"
-        "from ulptrace.processes import end_processes, spawn_context\n"
+        "from ulptrace.processes import end_processes\n"
+        "from ulptrace.spawning import spawn_context\n"
         "if __name__ == '__main__':\n"
         "    context = spawn_context()\n"
         "    queue = context.Queue()\n"

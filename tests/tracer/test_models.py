@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ulptrace.models import MODELS, build_model, count_parameters, list_models, twin
+from ulptrace.catalog import MODELS
+from ulptrace.models import build_model, count_parameters, list_models, twin
 from ulptrace.run import greedy, make_prompts
 
 

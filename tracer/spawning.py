@@ -1,0 +1,134 @@
+"""Helper processes started without torch: the start method, the environment a helper starts with, and an onset's
+reference process itself — so that a command can start that process at its first line.
+
+Why a module of its own, free of torch: ``onset``'s reference process, when the reference runs in a process of its
+own (``ulptrace.concurrent``), spends most of its start-up importing — torch, transformers, the model's modules: 9-10
+s on the H200's host — and can only then run. This process builds its candidate meanwhile. Started once this process
+had imported torch and transformers itself (4-6 s into the command, ``bench/RESULTS.md``, twenty-fifth round), it was
+ready after this side's build, which then waited for it. Nothing here imports torch, so the command line starts it
+first (``start_reference``) and ``ulptrace.concurrent`` takes it (``take_reference``) or, when the run turns out not
+to need it, stops it (``drop_reference``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+import types
+from collections.abc import Iterable
+from typing import Any
+
+AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
+
+
+def spawn_context() -> Any:
+    """The start method of every helper process: spawned (a fork would copy CUDA state, which CUDA forbids). The same
+    context as ``torch.multiprocessing``'s; torch's reductions, which share tensors through it, are registered when
+    torch is imported — before any tensor is sent."""
+    return multiprocessing.get_context("spawn")
+
+
+def helper_environment(verbosity: str | None = None) -> dict[str, str]:
+    """What a helper's environment gets that the user did not set there (spawned helpers read the environment as it
+    is when they start): OpenMP's passive wait policy — a helper shares this machine's cores with this process, and
+    OpenMP threads that spin between parallel regions keep cores from the other side's work (on 2 cores, a reference
+    process spinning beside this one made its run 3-6x slower: ``bench/idle_helper.py``; how threads wait changes no
+    result) — and this process's transformers verbosity (``verbosity`` where transformers is not imported yet), which
+    a new process would otherwise start at ``warning``: the CLI keeps HF's fallback notices out of its output, and a
+    helper printed them beside it."""
+    chosen = {"OMP_WAIT_POLICY": "PASSIVE"}
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None:
+        names = {level: name for name, level in getattr(hf_logging, "log_levels", {}).items() if name != "detail"}
+        verbosity = names.get(hf_logging.get_verbosity(), verbosity)
+    if verbosity is not None:
+        chosen["TRANSFORMERS_VERBOSITY"] = verbosity
+    return {key: value for key, value in chosen.items() if key not in os.environ}
+
+
+def start_processes(processes: Iterable[Any], verbosity: str | None = None) -> None:
+    """Start helper processes (spawned) with :func:`helper_environment` added to this process's environment for their
+    start only; this process's environment is left as it was."""
+    added = helper_environment(verbosity)
+    os.environ.update(added)
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        for key in added:
+            del os.environ[key]
+
+
+def _reference_main(commands: Any, out: Any, acks: Any) -> None:
+    """The reference process's entry point: its serving loop, imported there (torch with it)."""
+    from ulptrace.concurrent import serve
+
+    serve(commands, out, acks)
+
+
+class ReferenceStart:
+    """A reference process (``ulptrace.concurrent.serve``) just started, and its queues: configurations in
+    (``commands``), a run's messages out (``messages``, at most ``AHEAD`` waiting), this side's reads of live values
+    it waits on (``acks``); ``spawned_at`` (``time.perf_counter()``) and ``prepared``, the (model, device) it was told
+    to import for (:meth:`prepare`)."""
+
+    def __init__(self, verbosity: str | None = None) -> None:
+        context = spawn_context()
+        self.spawned_at = time.perf_counter()
+        self.prepared: tuple[str, str] | None = None
+        self.commands = context.Queue()
+        self.messages = context.Queue(maxsize=AHEAD)
+        self.acks = context.Queue()
+        self.process = context.Process(target=_reference_main, args=(self.commands, self.messages, self.acks),
+                                       daemon=True, name="ulptrace-reference")
+        start_processes([self.process], verbosity)
+
+    def prepare(self, model: str, device: str) -> None:
+        """Have the process import what a run of ``model`` on ``device`` needs (``processes.prepare_imports``: the
+        model's modules, its CUDA context) before its run comes — once per (model, device)."""
+        if self.prepared != (model, device):
+            self.commands.put(("prepare", types.SimpleNamespace(model=model, device=device)))
+            self.prepared = (model, device)
+
+
+_EARLY: dict[tuple[str, str], ReferenceStart] = {}  # started by start_reference, not taken yet (at most one)
+
+
+def start_reference(model: str, device: str, verbosity: str | None = None) -> ReferenceStart:
+    """Start, now, the reference process of an onset of ``model`` on ``device`` that this process is about to run,
+    and have it prepare its imports (``verbosity``: the transformers verbosity this process will set). The onset takes
+    it (:func:`take_reference`); one it does not take is stopped by :func:`drop_reference` (and, as a daemon
+    process, at this process's exit)."""
+    drop_reference()
+    start = ReferenceStart(verbosity)
+    start.prepare(model, device)
+    _EARLY[model, device] = start
+    return start
+
+
+def take_reference(model: str, device: str) -> ReferenceStart | None:
+    """The reference process :func:`start_reference` started for ``model`` on ``device``, if it is still alive (it
+    is then this caller's); any other started one is stopped."""
+    start = _EARLY.pop((model, device), None)
+    drop_reference()
+    if start is not None and start.process.is_alive():
+        return start
+    if start is not None:
+        _stop(start)
+    return None
+
+
+def drop_reference() -> None:
+    """Stop the reference process :func:`start_reference` started, if nobody took it (the onset ran in this process
+    alone)."""
+    while _EARLY:
+        _stop(_EARLY.popitem()[1])
+
+
+def _stop(start: ReferenceStart) -> None:
+    from ulptrace.processes import end_processes  # torch: loaded by whoever ran since
+
+    # killed, not asked: it may still be importing, and the caller's run does not wait for it
+    end_processes([start.process], [start.commands, start.messages, start.acks])
