@@ -371,12 +371,10 @@ def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differenc
 
 
 def start_onset_reference(args: argparse.Namespace) -> None:
-    """At the command's first line, before torch is imported here: start the reference process of an onset that
-    runs or may run its reference in a process of its own (``--concurrent``; by default on CUDA, where the onset
-    decides once the model is known — ``ulptrace.concurrent.from_start`` — and stops the process if it does not take
-    it), so that its imports overlap this process's (``ulptrace.spawning``)."""
-    cuda = args.device.startswith("cuda")
-    if args.tp is None and args.reference_memory == "auto" and (args.concurrent or (args.concurrent is None and cuda)):
+    """At the command's first line, before torch is imported here: start the reference process of an onset asked to
+    run its reference in a process of its own (``--concurrent``), so that its imports overlap this process's instead
+    of following them (``ulptrace.spawning``)."""
+    if args.concurrent is True and args.tp is None and args.reference_memory == "auto":
         from ulptrace.spawning import start_reference
 
         start_reference(args.model, args.device, HF_VERBOSITY)

@@ -78,9 +78,6 @@ PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this si
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
 WAITING_BYTES = 2 * PART_BYTES  # arenas read here and waiting for the device to pass them, at most (RemoteTrace)
-# a model whose weights take this much or more has the command's default (concurrent="auto") run its reference in a
-# process of its own from the start on a CUDA device (from_start)
-FROM_START_BYTES = 512 << 20
 
 
 class _Shipper:
@@ -146,29 +143,6 @@ class _Shipper:
         child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
         self.seconds["pack_s"] += t1 - t0
         self.seconds["put_s"] += time.perf_counter() - t1
-
-
-def from_start(cfg: Any) -> str | None:
-    """Why the onset of ``cfg`` (a ``RunConfig``) runs its reference in a process of its own from the start under
-    ``concurrent="auto"``, the command's default; None where it does not (it then runs the two sides one after the
-    other, switching only if the reference's records are forecast to outgrow their GPU share).
-
-    Where: a CUDA device, the reference's records kept as ``auto`` keeps them, and a model of ``FROM_START_BYTES`` of
-    weights or more. Measured on the H200 (``bench/RESULTS.md``, twenty-fifth round): the 0.8B shape's candidate is
-    built in about the time the new process, started at the command's first line (``ulptrace.spawning``), takes to
-    import, so its start-up costs the command little, and the two sides then run at once (P1's workload 1.4-1.5x the
-    untraced pair against 2.3x one after the other; a long prompt is not started again). A model built in a moment
-    would wait for that start-up, and a CPU has no cores to spare for it."""
-    if cfg.concurrent != "auto" or cfg.reference_memory != "auto" or torch.device(cfg.device).type != "cuda":
-        return None
-    from ulptrace.models import weight_bytes
-    from ulptrace.run import torch_dtype
-
-    size = weight_bytes(cfg.model, torch_dtype(cfg.dtype))
-    if size < FROM_START_BYTES:
-        return None
-    return (f"a model of {size / 2**30:.2f} GiB of weights on {cfg.device} (>= {FROM_START_BYTES >> 20} MiB): the "
-            "reference runs in a process of its own from the start (--no-concurrent: one side after the other here)")
 
 
 def serve(commands: Any, out: Any, acks: Any) -> None:

@@ -191,17 +191,6 @@ def count_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def weight_bytes(name_or_path: str, dtype: torch.dtype) -> int:
-    """About how many bytes the weights of ``name_or_path`` take built in ``dtype``, known before it is built: an
-    embedded model's parameter count times the dtype's size; a checkpoint's weight files as stored (every
-    ``*.safetensors`` and ``*.bin`` file in its directory). Raises as :func:`check_model`."""
-    check_model(name_or_path)
-    if name_or_path in MODELS:
-        return MODELS[name_or_path].parameters * dtype.itemsize
-    return sum(entry.stat().st_size for entry in os.scandir(name_or_path)
-               if entry.is_file() and entry.name.endswith((".safetensors", ".bin")))
-
-
 def list_models() -> list[dict[str, Any]]:
     """The embedded models: name, family, parameter count and description."""
     return [
