@@ -6,7 +6,7 @@
 # time and, for a concurrent run, its start-up timeline in seconds from the command's start (the reference process
 # spawned, its imports, its preparation, the run sent by this side — its model built —, the reference's model ready,
 # its run begun) read from the report's run info. Reports of the two modes compared less the volatile fields. Then
-# P1 as the command's default runs it (`bench_trace.py --goals P1 --concurrent auto`; P1=0: not).
+# P1 as the command's default runs it (`bench_trace.py --goals P1 --concurrent auto`; BENCH=0: not).
 # OTHER=<flag without dashes>: the mode compared with the default. EXTRA="...": more arguments for every run (e.g. an experiment's switch). Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -64,6 +64,6 @@ for i in $(seq ${ROUNDS:-2}); do
 done
 equal p1_default_1 p1_${OTHER}_1
 equal cli_default_1 cli_${OTHER}_1
-[ "${P1:-1}" = 0 ] || timeout 240 python3 bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 \
+[ "${BENCH:-1}" = 0 ] || timeout 240 python3 bench/bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 \
     --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $OUT/p1_default.json 2>&1 \
     | grep -v "^\[" | tail -12 | tee -a $OUT/round25.log
