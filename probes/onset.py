@@ -107,11 +107,11 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     return comparison, info
 
 
-def _forecast(cfg: RunConfig, model: Any) -> RecordForecast:
-    """The forecast of the reference's records in ``cfg``'s run: each recorded layer's kind is the site kinds
-    recorded there (a hybrid model's kinds of layer record different amounts)."""
+def _forecast(cfg: RunConfig, sites: list[Any]) -> RecordForecast:
+    """The forecast of the reference's records in ``cfg``'s run, whose ``sites`` are recorded: each recorded layer's
+    kind is the site kinds recorded there (a hybrid model's kinds of layer record different amounts)."""
     kinds: dict[int, set[str]] = {}
-    for site in selected_sites(model, cfg):
+    for site in sites:
         if site.layer is not None:
             kinds.setdefault(site.layer, set()).add(site.kind)
     return RecordForecast({layer: frozenset(k) for layer, k in kinds.items()}, cfg.new_tokens)
@@ -184,12 +184,13 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
             raise _Outgrown({**at(record, outgrowth.kept_bytes), "forecast_bytes": outgrowth.forecast_bytes,
                              "room_bytes": outgrowth.room_bytes, "forecast_from": outgrowth.basis})
 
+        sites = selected_sites(ref_model, cfg)
         ref_sink = TraceWriter(reference_dir) if reference_dir is not None else MemorySink(
-            device=keep, on_spill=spilling, forecast=_forecast(cfg, ref_model) if switch else None,
+            device=keep, on_spill=spilling, forecast=_forecast(cfg, sites) if switch else None,
             on_outgrow=outgrowing)
         try:
             ref_tokens, final_ref, rec = _record_side(cfg, "reference", ref_model, prompts, ref_sink, None,
-                                                      ref_applied, bar, f"reference {cfg.reference}")
+                                                      ref_applied, bar, f"reference {cfg.reference}", sites)
         except BaseException:
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
@@ -272,12 +273,14 @@ def _run_info(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _record_side(cfg: RunConfig, side: str, model: Any, prompts: torch.Tensor, sink: Any, forced: Any,
-                 applied: Any, bar: Progress, label: str) -> tuple[torch.Tensor, dict[int, torch.Tensor], Any]:
+                 applied: Any, bar: Progress, label: str, sites: list[Any] | None = None
+                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor], Any]:
     """One side's traced generation into ``sink`` with the progress bar (``label``), fed ``forced`` (the
     reference's tokens, or a function of the step serving them as they come; None: its own): (its own greedy
-    tokens, its final logits per step — the observation check's —, its recorder)."""
+    tokens, its final logits per step — the observation check's —, its recorder). ``sites``: the model's selected
+    sites, where the caller has them already."""
     final: dict[int, torch.Tensor] = {}
-    sites = selected_sites(model, cfg)
+    sites = selected_sites(model, cfg) if sites is None else sites
     bar.start(label, cfg.new_tokens, len(sites))
 
     def on_logits(s: int, logits: torch.Tensor) -> None:

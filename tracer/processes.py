@@ -169,7 +169,8 @@ def model_key(cfg: Any) -> tuple:
 
 
 def prepare_imports(cfg: Any) -> None:
-    """In a new helper process, what a run of ``cfg`` needs before its model comes: the modules a run imports, the
+    """In a new helper process, what a run of ``cfg`` (anything with ``model`` and ``device``: a ``RunConfig``, or what
+    ``ulptrace.spawning`` sends before one exists) needs before its model comes: the modules a run imports, the
     model's own (built on the meta device: ``models.prepare``), the CUDA context — done while the parent builds the
     model it will send. A failure here is left for the run to meet and report."""
     try:
