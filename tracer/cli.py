@@ -793,10 +793,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         set_quiet(args)
+        cwd_on_path()  # before a helper process is started: it takes this process's import path
         early = getattr(args, "early", None)
         if early is not None:  # before anything heavy is imported here
             early(args)
-        cwd_on_path()
         quiet_transformers()
         return run_cli(args.fn, args)
     except KeyboardInterrupt:

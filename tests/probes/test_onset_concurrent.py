@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -782,3 +784,21 @@ def test_a_reference_process_started_for_a_run_that_does_not_take_it_is_stopped(
     finally:
         shutdown()
 
+
+
+def test_the_console_script_s_reference_process_imports_a_path_module_from_the_working_directory(tmp_path) -> None:
+    """``ulptrace onset --concurrent`` starts its reference process at the command's first line: that process must
+    see the working directory on its import path as this one does (``cli.cwd_on_path``), or a user's
+    ``module:function`` reference path there is not found in it."""
+    (tmp_path / "mypkg.py").write_text("def patch(model):\n    return None\n")
+    script = Path(sys.executable).with_name("ulptrace")
+    if not script.exists():
+        script = Path(shutil.which("ulptrace") or "ulptrace")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(script), "onset", "--concurrent", "--model", "tiny-llama", "--reference", "mypkg:patch",
+                           "--candidate", "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "8",
+                           "--new-tokens", "2", "--quiet", "--json", "onset.json"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "onset.json").read_text())
+    assert report["reference"]["path"] == "mypkg:patch" and report["run"]["reference_process"]["pid"] > 0
