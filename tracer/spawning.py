@@ -6,7 +6,7 @@ own (``ulptrace.concurrent``), spends most of its start-up importing — torch, 
 s on the H200's host — and can only then run. This process builds its candidate meanwhile. Started once this process
 had imported torch and transformers itself (4-6 s into the command, ``bench/RESULTS.md``, twenty-fifth round), it was
 ready after this side's build, which then waited for it. Nothing here imports torch, so ``onset --concurrent`` starts
-it at the command's first line (``start_reference``: ready 3-4 s before this side's build ends on the H200) and
+it at the command's first line (``start_reference``: ready 3-7 s before this side's build ends on the H200) and
 ``ulptrace.concurrent`` takes it (``take_reference``); an onset that does not stops it (``drop_reference``).
 """
 
