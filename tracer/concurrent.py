@@ -27,9 +27,9 @@ current (``RemoteTrace._let_go``): torch synchronises the current stream when re
 once and the reference waits until this process has read it (or, not taken yet, copied it) and says so — so a long
 prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
 comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
-as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs at most that far
-ahead and its records in flight stay bounded. An error in that process is raised here with its traceback; a process
-that dies without a word is reported with its exit code.
+as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs
+at most that far ahead and its records in flight stay bounded. An error in that process is raised here with its
+traceback; a process that dies without a word is reported with its exit code.
 """
 
 from __future__ import annotations
@@ -437,8 +437,7 @@ class RemoteTrace:
         ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
         process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
         process was started (``spawned_at``, this process's clock; ``sent_at``, when this process sent the run, its
-        model built), had its imports (``serving_at``, then
-        ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
+        model built), had its imports (``serving_at``, then ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
         (``model_at``; ``model_shipped``: a twin sent by this process, else built there)) and ``seconds``, where the
         run's time went on both sides: the reference's run (``run_s``), in it its packing (``pack_s``), its handing
         messages to the queue (``put_s``: it waits while ``AHEAD`` are not taken, i.e. while this side is behind) and

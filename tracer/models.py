@@ -1,11 +1,12 @@
 """Embedded models: HF causal LMs that ulptrace can build without any download.
 
 Tracing needs a model, and CI has no network. Each entry is a transformers config (data, in
-``ulptrace.catalog``'s ``MODELS``) plus a seeded random initialisation, made here. HF initialises zero-centred norm weights
-to 0 and standard ones to 1, which hides exactly the scale-precision defects ulptrace exists to find
-(a ``(1 + w)`` formed in BF16 is invisible when ``w == 0``), so after HF's init every norm weight,
-GatedDeltaNet ``A_log``/``dt_bias`` and the embeddings are redrawn around their init with a spread
-typical of trained checkpoints. A path to a local HF checkpoint directory loads that instead.
+``ulptrace.catalog``'s ``MODELS``) plus a seeded random initialisation, made here. HF initialises
+zero-centred norm weights to 0 and standard ones to 1, which hides exactly the scale-precision
+defects ulptrace exists to find (a ``(1 + w)`` formed in BF16 is invisible when ``w == 0``), so
+after HF's init every norm weight, GatedDeltaNet ``A_log``/``dt_bias`` and the embeddings are
+redrawn around their init with a spread typical of trained checkpoints. A path to a local HF
+checkpoint directory loads that instead.
 """
 
 from __future__ import annotations
