@@ -16,8 +16,8 @@ import os
 from typing import Any
 
 import torch
-from ulptrace.families import is_gated_deltanet, norm_scale
 from ulptrace.catalog import DEFAULT_MODEL, MODELS, ModelSpec
+from ulptrace.families import is_gated_deltanet, norm_scale
 
 # Spread of redrawn parameters, as (parameter-name suffix, rule). Norm offsets and scales get a
 # trained-like spread; the GDN decay parameters are drawn around HF's init ranges.
