@@ -7,6 +7,8 @@
 # spawned, its imports, its preparation, the run sent by this side — its model built —, the reference's model ready,
 # its run begun) read from the report's run info. Reports of the two modes compared less the volatile fields. Then
 # P1 as the command's default runs it (`bench_trace.py --goals P1 --concurrent auto`; BENCH=0: not).
+# Each line also has this process's onset timeline (the run info's `timeline`: when the onset began, its models
+# built, each side's run done, the comparison finished) in seconds from the command's start, and what followed it.
 # OTHER=<flag without dashes>: the mode compared with the default. EXTRA="...": more arguments for every run (e.g. an experiment's switch). Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
@@ -40,6 +42,11 @@ if proc:
     at = {k.removesuffix("_at"): round(v - skew - t0, 1) for k, v in s.items() if k.endswith("_at") and v}
     at["built"] = round(proc["built_at"] - skew - t0, 1)
     line += f" | from start: {at} | run_s {proc['seconds']['run_s']:.2f} waited {proc['seconds'].get('candidate_waited_s', 0):.2f}"
+line_ = run.get("timeline")
+if line_:  # this process's onset: began (after its imports), models built, each side's run, comparison finished
+    begun = line_["started_at"] - skew - t0
+    marks = {k.removesuffix("_s"): round(begun + v, 1) for k, v in line_.items() if k.endswith("_s")}
+    line += f" | onset began {begun:.1f}, then {marks}, exit after {t1 - t0 - begun - line_['finished_s']:.1f} s"
 line += f" | switched {bool(run.get('switched_to_concurrent'))}"
 print(line)
 PY
@@ -56,9 +63,13 @@ PY
 P1="--model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 --no-oracle"
 CLI="--model qwen3.5-0.8b"
 OTHER=${OTHER:-no-concurrent}
-for i in $(seq ${ROUNDS:-2}); do
+for i in $(seq ${ROUNDS:-2}); do  # CLI_ROUNDS: more rounds of the CLI's workload alone after these
     run p1_default_$i $P1
     run p1_${OTHER}_$i $P1 --$OTHER
+    run cli_default_$i $CLI
+    run cli_${OTHER}_$i $CLI --$OTHER
+done
+for i in $(seq $(( ${ROUNDS:-2} + 1 )) ${CLI_ROUNDS:-0}); do
     run cli_default_$i $CLI
     run cli_${OTHER}_$i $CLI --$OTHER
 done

@@ -19,6 +19,7 @@ memory, which is slow and large, so the onset stops and starts again streaming i
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
@@ -63,12 +64,13 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
 @recording_collector()  # both recorders and what is made between them
 def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
                ) -> tuple[Comparison, dict[str, Any]]:
+    started = time.perf_counter()  # the run info's timeline counts from here
     if cfg.concurrent is True:
         if reference_dir is not None:
             raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
-        return _run_concurrent(cfg, say, bar)
+        return _run_concurrent(cfg, say, bar, started=started)
     drop_reference()  # a reference process started for this run (ulptrace.spawning) that it does not take
     # "auto": switch once the reference is forecast to outgrow its GPU share or has (only where its records are kept
     # here by auto)
@@ -81,7 +83,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
             if pool is not None:
                 pool.start(ref_model)  # a twin of the reference model as built, before its path is applied
             comparison, info = _run_sequential(cfg, reference_dir, say, bar, ref_model, cand_model, prompts, pool,
-                                               switch)
+                                               started, switch)
             _judging_info(info, pool)
             return comparison, info
     except _Outgrown as exc:
@@ -102,7 +104,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     say(f"the reference's records {why} at step {outgrown['step']}; starting again with the reference in a process "
         "of its own, its records streamed as the candidate runs (--no-concurrent: keep them here, the rest in host "
         "memory)")
-    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, built)
+    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, built, started)
     info["switched_to_concurrent"] = outgrown
     return comparison, info
 
@@ -153,12 +155,13 @@ def _oracle(cfg: RunConfig, ref_model: Any, pool: JudgePool | None) -> Any:
 
 
 def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress,
-                    ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None,
+                    ref_model: Any, cand_model: Any, prompts: torch.Tensor, pool: JudgePool | None, started: float,
                     switch: bool = False) -> tuple[Comparison, dict[str, Any]]:
     """The onset in this process: the reference recorded and kept, then the candidate streamed against it.
     ``switch``: a reference forecast to outgrow its GPU share, or outgrowing it, raises ``_Outgrown`` instead of going
-    on in host memory."""
-    info = _run_info(cfg)
+    on in host memory. ``started``: when the onset began (``time.perf_counter()``), its models built since."""
+    info = _run_info(cfg, started)
+    _mark(info, "built_s")
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
@@ -195,6 +198,7 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
             if isinstance(ref_sink, TraceWriter):
                 ref_sink.abort()
             raise
+        _mark(info, "reference_s")
         rec.metadata["path_info"] = ref_applied.info  # read after the run: a path may report what ran
         if isinstance(ref_sink, TraceWriter):
             ref_sink.close(rec.metadata)
@@ -214,24 +218,28 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
             cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink, ref_tokens,
                                                              cand_applied, bar,
                                                              f"candidate {cfg.candidate}, compared as it runs")
+            _mark(info, "candidate_s")
             if cfg.check_observation:  # the candidate too: observing a compiled graph can change what it computes
                 info["observation"] = _both_observed(cfg, info["observation"], cand_model, prompts, ref_tokens,
                                                      final_cand, say)
             sink.result.candidate = {**cand_rec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
+            _mark(info, "finished_s")
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
 def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
-                    built: tuple[Any, Any, torch.Tensor] | None = None) -> tuple[Comparison, dict[str, Any]]:
+                    built: tuple[Any, Any, torch.Tensor] | None = None, started: float | None = None
+                    ) -> tuple[Comparison, dict[str, Any]]:
     """``_run_onset`` with the reference recorded in a process of its own while the candidate runs
     (``ulptrace.concurrent``): the same records compared the same way, the candidate fed the reference's tokens as
     they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
     other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it).
     ``built``: (the reference model or None without the oracle, the candidate model, the prompts) as ``build_pair``
-    made them, no path applied to the candidate yet — the switch's, not built again."""
+    made them, no path applied to the candidate yet — the switch's, not built again. ``started``: when the onset
+    began (``time.perf_counter()``; None: now)."""
     check_run(cfg)  # before a process is started
-    info = _run_info(cfg)
+    info = _run_info(cfg, time.perf_counter() if started is None else started)
     with ExitStack() as stack:
         remote = stack.enter_context(ReferenceProcess(cfg))
         pool = _judge_pool(cfg, stack)
@@ -245,6 +253,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
         if cfg.oracle:  # the reference's modules define the semantics to judge by, as in _run_onset
             stack.enter_context(apply_path(ref_model, cfg.reference))
             judge = _oracle(cfg, ref_model, pool)
+        _mark(info, "built_s")
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
             sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True,
@@ -252,6 +261,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
             cand_tokens, final_cand, cand_rec = _record_side(cfg, "candidate", cand_model, prompts, sink,
                                                              remote.trace.forced_token, cand_applied, bar,
                                                              f"candidate {cfg.candidate}, compared as both run")
+            _mark(info, "candidate_s")
             ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
             ref_tokens = ref_tokens.to(cand_tokens.device)  # shipped through host memory
             sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
@@ -260,16 +270,26 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
                                                      say)
             sink.result.candidate = {**cand_rec.metadata, "path_info": cand_applied.info}
             comparison = sink.finish()
+            _mark(info, "finished_s")
             del sink  # what held the reference's records goes before its process may free their memory
     info["reference_process"] = process
     _judging_info(info, pool)
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
-def _run_info(cfg: RunConfig) -> dict[str, Any]:
-    """What the onset's run info says of its configuration (tokens and checks are added as the run goes)."""
+def _run_info(cfg: RunConfig, started: float) -> dict[str, Any]:
+    """What the onset's run info says of its configuration (tokens and checks are added as the run goes), and its
+    timeline: ``started_at``, when the onset began (``time.perf_counter()``), and seconds from then as it goes."""
     return {"model": cfg.model, "reference": cfg.reference, "candidate": cfg.candidate,
-            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode}
+            "reference_mode": cfg.reference_mode, "candidate_mode": cfg.candidate_mode,
+            "timeline": {"started_at": started}}
+
+
+def _mark(info: dict[str, Any], name: str) -> None:
+    """The run info's timeline gains ``name``: seconds from the onset's start to now (where a command's time goes:
+    the models' build, each side's run, the comparison's end — the oracle's judging of the pairs it held)."""
+    timeline = info["timeline"]
+    timeline[name] = round(time.perf_counter() - timeline["started_at"], 3)
 
 
 def _record_side(cfg: RunConfig, side: str, model: Any, prompts: torch.Tensor, sink: Any, forced: Any,

@@ -61,8 +61,20 @@ def test_a_step_shipped_in_parts_reports_what_the_sequential_onset_does(monkeypa
 
 def test_concurrent_onset_with_the_oracle_finds_the_same_onset_and_verdicts() -> None:
     # a planted one-element fault at step 1: a record that differs, judged by the oracle, after equal records
+    began = time.perf_counter()
     sequential, concurrent = _both(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2", check_observation=True)
+    ended = time.perf_counter()
     assert _essentials(concurrent) == _essentials(sequential)
+    # where each onset's time went, in order, inside the window the two ran in (the same clock)
+    for data, marks in ((sequential, ["built_s", "reference_s", "candidate_s", "finished_s"]),
+                        (concurrent, ["built_s", "candidate_s", "finished_s"])):
+        timeline = data["run"]["timeline"]
+        assert list(timeline) == ["started_at", *marks]
+        seconds = [timeline[m] for m in marks]
+        assert 0 < seconds[0] and seconds == sorted(seconds)
+        assert began < timeline["started_at"] and timeline["started_at"] + seconds[-1] < ended
+    assert sequential["run"]["timeline"]["started_at"] + sequential["run"]["timeline"]["finished_s"] \
+        < concurrent["run"]["timeline"]["started_at"]  # run one after the other
     assert concurrent["onset"] is not None and concurrent["onset"]["step"] == 1
     assert concurrent["run"]["observation"]["checked"] and concurrent["run"]["observation"]["candidate"]["checked"]
 
