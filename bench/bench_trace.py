@@ -206,6 +206,7 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
                       "candidate_built_s": built_at[-1] - start["spawned_at"],
                       "seconds": process.get("seconds"),
                       "switched_to_concurrent": info.get("switched_to_concurrent"),
+                      "concurrent_from_start": info.get("concurrent_from_start"),
                       "peak_before_switch_bytes": before_switch[0] if before_switch else None}
     if prof is not None:
         import io
@@ -232,7 +233,8 @@ def where_kept(concurrent: str | None, process: dict) -> str:
         return "kept in this process" + (" (the command's default: no switch)" if concurrent == "auto" else "")
     switched = process.get("switched_to_concurrent")
     if switched is None:
-        return "in its own process (both peaks summed)"
+        return "in its own process" + (" (the command's default: from the start)" if process.get(
+            "concurrent_from_start") else "") + " (both peaks summed)"
     before = process["peak_before_switch_bytes"] or 0
     return (f"the command's default: switched at step {switched['step']}, {switched['site']}, with "
             f"{switched['kept_on_device_bytes'] / 2**30:.2f} GiB kept; peak {before / 2**30:.2f} GiB before the "

@@ -10,10 +10,12 @@ tokens would have flipped. Each side runs in its own mode (``eager``, ``static``
 ``ulptrace.run``), so a static cache or CUDA-graph replay can be traced against HF's default.
 
 With ``RunConfig.concurrent`` the reference runs in a process of its own while the candidate runs
-(``ulptrace.concurrent``): ``True`` always; ``"auto"`` (the CLI's default) only once the reference, kept in this
-process, is forecast to outgrow its share of the GPU's memory (``MemorySink``'s ``auto``, ``RecordForecast``: from
-the prompt's first layer, or from a decode step) or has outgrown it: a long prompt's reference would go to host
-memory, which is slow and large, so the onset stops and starts again streaming it — said, and in the run info.
+(``ulptrace.concurrent``): ``True`` always; ``"auto"`` (the CLI's default) from the start for a model large enough
+on a CUDA device (``ulptrace.concurrent.from_start``: the run info's ``concurrent_from_start`` says why), else only
+once the reference, kept in this process, is forecast to outgrow its share of the GPU's memory (``MemorySink``'s
+``auto``, ``RecordForecast``: from the prompt's first layer, or from a decode step) or has outgrown it: a long
+prompt's reference would go to host memory, which is slow and large, so the onset stops and starts again streaming
+it — said, and in the run info.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 from ulptrace.comparison import Comparison, StreamingComparator
-from ulptrace.concurrent import ReferenceProcess
+from ulptrace.concurrent import ReferenceProcess, from_start
 from ulptrace.judging import JudgePool
 from ulptrace.paths import apply_path
 from ulptrace.progress import Progress
@@ -71,6 +73,12 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
         return _run_concurrent(cfg, say, bar, started=started)
+    why = from_start(cfg) if reference_dir is None else None
+    if why is not None:
+        say(why)
+        comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, started=started)
+        info["concurrent_from_start"] = why
+        return comparison, info
     drop_reference()  # a reference process started for this run (ulptrace.spawning) that it does not take
     # "auto": switch once the reference is forecast to outgrow its GPU share or has (only where its records are kept
     # here by auto)

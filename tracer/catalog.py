@@ -8,11 +8,17 @@ helper process at the command's first line (``ulptrace.spawning``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 MODES = ("eager", "static", "graph")
 """Run modes: dynamic cache, static cache, static cache with CUDA-graph decode steps."""
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+"""The model dtypes a run can be asked for (``--dtype``: the dtypes HF checkpoints and ulptrace's ULP statistics
+cover), and the bytes of one value in each."""
+DTYPES = tuple(DTYPE_BYTES)
 
 DEFAULT_MODEL = "tiny-qwen3.5"
 
@@ -114,3 +120,16 @@ MODELS: dict[str, ModelSpec] = {
         ),
     )
 }
+
+
+def weight_bytes(name_or_path: str, dtype: str) -> int | None:
+    """About how many bytes the weights of ``name_or_path`` take built in ``dtype`` (a name of ``DTYPES``), known
+    before it is built and without torch: an embedded model's parameter count times the dtype's size; a checkpoint's
+    weight files as stored (every ``*.safetensors`` and ``*.bin`` file in its directory). None for a name that is
+    neither, or an unknown dtype: the run's own checks say what is wrong there (``ulptrace.models.check_model``)."""
+    if name_or_path in MODELS and dtype in DTYPE_BYTES:
+        return MODELS[name_or_path].parameters * DTYPE_BYTES[dtype]
+    if name_or_path in MODELS or not os.path.isdir(name_or_path):
+        return None
+    return sum(entry.stat().st_size for entry in os.scandir(name_or_path)
+               if entry.is_file() and entry.name.endswith((".safetensors", ".bin")))

@@ -371,12 +371,15 @@ def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differenc
 
 
 def start_onset_reference(args: argparse.Namespace) -> None:
-    """At the command's first line, before torch is imported here: start the reference process of an onset asked to
-    run its reference in a process of its own (``--concurrent``), so that its imports overlap this process's instead
-    of following them (``ulptrace.spawning``)."""
-    if args.concurrent is True and args.tp is None and args.reference_memory == "auto":
-        from ulptrace.spawning import start_reference
+    """At the command's first line, before torch is imported here: start the reference process of an onset that
+    runs its reference in a process of its own (``--concurrent``; by default, from the start for a large model on
+    CUDA: ``ulptrace.spawning.beside_from_start``), so that its imports overlap this process's instead of following
+    them (``ulptrace.spawning``)."""
+    from ulptrace.spawning import beside_from_start, start_reference
 
+    if args.tp is None and args.reference_memory == "auto" and (args.concurrent is True or (
+            args.concurrent is None
+            and beside_from_start(args.model, args.device, args.dtype, "auto", args.reference_memory) is not None)):
         start_reference(args.model, args.device, HF_VERBOSITY)
 
 
@@ -703,11 +706,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
-                        "at once. Fastest where one Python process runs several onsets or a run is long; a single "
-                        "short command pays the process's start-up; no gain on a CPU. Default: only once the "
-                        "reference's records, kept in this process, are forecast to outgrow their share of the GPU's "
-                        "memory (a long prompt's, from its first layer: the onset then starts again this way); "
-                        "--no-concurrent: never (README)")
+                        "at once; no gain on a CPU. Default: from the start for a model of 512 MiB of weights or more "
+                        "on CUDA (the process starts at the command's first line, while this one builds the model), "
+                        "else only once the reference's records, kept in this process, are forecast to outgrow their "
+                        "share of the GPU's memory (a long prompt's, from its first layer: the onset then starts "
+                        "again this way); --no-concurrent: never (README)")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="judge the differing records in N processes of their own while the run goes on (the oracle "
                         "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "

@@ -67,7 +67,13 @@ from ulptrace.processes import (
     torch_settings,
 )
 from ulptrace.reading import UntilRead
-from ulptrace.spawning import ReferenceStart, drop_reference, take_reference
+from ulptrace.spawning import (
+    FROM_START_BYTES,
+    ReferenceStart,
+    beside_from_start,
+    drop_reference,
+    take_reference,
+)
 from ulptrace.trace import Record
 
 if TYPE_CHECKING:
@@ -143,6 +149,17 @@ class _Shipper:
         child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
         self.seconds["pack_s"] += t1 - t0
         self.seconds["put_s"] += time.perf_counter() - t1
+
+
+def from_start(cfg: Any) -> str | None:
+    """Why the onset of ``cfg`` (a ``RunConfig``) runs its reference in a process of its own from the start under
+    ``concurrent="auto"``, the command's default (``ulptrace.spawning.beside_from_start``: where and why); None where
+    it does not."""
+    size = beside_from_start(cfg.model, cfg.device, cfg.dtype, cfg.concurrent, cfg.reference_memory)
+    if size is None:
+        return None
+    return (f"a model of {size / 2**30:.2f} GiB of weights on {cfg.device} (>= {FROM_START_BYTES >> 20} MiB): the "
+            "reference runs in a process of its own from the start (--no-concurrent: one side after the other here)")
 
 
 def serve(commands: Any, out: Any, acks: Any) -> None:

@@ -38,10 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from ulptrace.catalog import DEFAULT_MODEL, MODES
-
-DTYPES = ("bfloat16", "float16", "float32")
-"""Model dtypes a run accepts (the dtypes HF checkpoints and ulptrace's ULP statistics cover)."""
+from ulptrace.catalog import DEFAULT_MODEL, DTYPES, MODES
 
 
 @dataclass

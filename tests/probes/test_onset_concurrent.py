@@ -534,10 +534,9 @@ class _Seen(BaseException):  # past the CLI's handling of errors
 
 @pytest.mark.parametrize("flags, expected", [([], "auto"), (["--concurrent"], True), (["--no-concurrent"], False)])
 def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, expected, monkeypatch) -> None:
-    """``ulptrace onset`` runs the reference in a process of its own from the start with ``--concurrent`` only (a
-    single short command does not pay back the process's start-up: ``bench/RESULTS.md``, twenty-fifth round); by
-    default (``"auto"``) only once the reference is forecast to outgrow its GPU share (``test_onset_memory``); never
-    with ``--no-concurrent``."""
+    """``ulptrace onset`` runs the reference in a process of its own with ``--concurrent``; by default (``"auto"``)
+    from the start for a large model on CUDA (``from_start``, below), else only once the reference is forecast to
+    outgrow its GPU share (``test_onset_memory``); never with ``--no-concurrent``."""
     import ulptrace.probes.onset as onset_module
 
     seen: list[RunConfig] = []
@@ -742,6 +741,76 @@ def test_the_judging_processes_know_a_path_registered_here(monkeypatch) -> None:
     assert _essentials(pooled) == _essentials(_report(RunConfig(**fields)))
 
 
+def test_the_default_runs_the_reference_in_its_own_process_from_the_start_only_for_a_large_model_on_cuda(
+        tmp_path) -> None:
+    """``concurrent="auto"`` (the command's default) runs the reference in a process of its own from the start where
+    that process's start-up is hidden behind this side's build and there are cores for it: a CUDA device and a model
+    of ``FROM_START_BYTES`` of weights or more (an embedded model's parameters times the dtype's size, a checkpoint's
+    weight files); never on a CPU, for a small model, with the records kept as asked (``--reference-memory``) or
+    where the mode was chosen."""
+    from ulptrace.catalog import weight_bytes
+    from ulptrace.concurrent import from_start
+    from ulptrace.spawning import FROM_START_BYTES
+
+    assert weight_bytes("qwen3.5-0.8b", "bfloat16") == 752_393_024 * 2
+    assert weight_bytes("qwen3.5-0.8b", "float32") == 752_393_024 * 4
+    big = RunConfig(model="qwen3.5-0.8b", device="cuda:0", concurrent="auto")
+    why = from_start(big)
+    assert why is not None and "a model of 1.40 GiB of weights on cuda:0 (>= 512 MiB)" in why
+    for other in (replace(big, device="cpu"), replace(big, model="tiny-qwen3.5"), replace(big, concurrent=True),
+                  replace(big, concurrent=False), replace(big, reference_memory="device"),
+                  replace(big, reference_memory="host")):
+        assert from_start(other) is None, other
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with open(checkpoint / "model.safetensors", "wb") as f:
+        f.truncate(FROM_START_BYTES - 1)  # sparse: its size is what counts
+    assert from_start(replace(big, model=str(checkpoint))) is None
+    with open(checkpoint / "model-00002-of-00002.safetensors", "wb") as f:
+        f.truncate(1)
+    assert weight_bytes(str(checkpoint), "bfloat16") == FROM_START_BYTES
+    assert "of weights on cuda:0" in from_start(replace(big, model=str(checkpoint)))
+    # a name that is no model: not decided here — the onset's own check names it, before any process starts
+    assert from_start(replace(big, model="no-such-model")) is None
+    with pytest.raises(KeyError, match="unknown model 'no-such-model'"):
+        run_onset(replace(big, model="no-such-model", device="cpu"))
+
+
+@pytest.mark.parametrize("flags, started", [
+    (["--model", "qwen3.5-0.8b", "--device", "cuda"], True),  # the default, a large model on CUDA
+    (["--model", "qwen3.5-0.8b", "--device", "cuda:1", "--dtype", "float32"], True),
+    (["--model", "tiny-qwen3.5", "--device", "cuda"], False),  # small: built before that process could import
+    (["--model", "qwen3.5-0.8b", "--device", "cpu"], False),
+    (["--model", "qwen3.5-0.8b", "--device", "cuda", "--no-concurrent"], False),
+    (["--model", "qwen3.5-0.8b", "--device", "cuda", "--reference-memory", "host"], False),
+    (["--model", "tiny-qwen3.5", "--device", "cpu", "--concurrent"], True),  # asked for
+    (["--model", "no-such-model", "--device", "cuda"], False),  # the onset names it
+])
+def test_the_command_starts_the_reference_process_at_its_first_line_where_the_onset_will_take_it(
+        flags, started, monkeypatch) -> None:
+    """The command's first line starts the reference process exactly where the onset runs its reference in a process
+    of its own from the start (the same rule, ``ulptrace.spawning.beside_from_start``, asked without torch), so no
+    process is started for a run that will not take it."""
+    import ulptrace.probes.onset as onset_module
+    from ulptrace import spawning
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(spawning, "start_reference", lambda *a: calls.append(a))
+
+    def capture(cfg, *args, **kwargs):
+        raise _Seen
+
+    monkeypatch.setattr(onset_module, "run_onset", capture)
+    try:
+        main(["onset", *flags])
+    except (_Seen, SystemExit):
+        pass
+    assert bool(calls) is started, calls
+    if started:
+        assert calls[0][:2] == (flags[1], flags[3])
+
+
 def test_the_command_starts_the_reference_process_before_it_imports_torch_and_the_onset_takes_it(tmp_path) -> None:
     """``onset --concurrent`` starts its reference process at the command's first line, before this process imports
     torch (``ulptrace.spawning``: the process's imports overlap this one's instead of following them), and the onset
@@ -770,20 +839,21 @@ print(json.dumps({{**seen, "code": code}}))
     assert seen["code"] == 0 and seen["torch_before"] is False
     report = json.loads(out.read_text())
     assert seen["pids"] == [report["run"]["reference_process"]["pid"]]  # started once, at the first line, and used
-    assert report["sites"]
+    assert report["sites"] and "concurrent_from_start" not in report["run"]  # asked for: no reason to give
 
 
 def test_a_reference_process_started_for_a_run_that_does_not_take_it_is_stopped() -> None:
-    """A reference process started for a run (``start_reference``) that the run does not take is stopped: an onset
-    that runs here alone stops it — no process is left holding memory — and its report is the sequential one (no
-    reference process in it); a concurrent onset that finds a kept process of its model stops the new one too."""
+    """The command starts the reference process on CUDA before it knows the model (by default the onset decides
+    then): an onset that runs here alone stops it — no process is left holding memory — and its report is the
+    sequential one (no reference process in it). A concurrent onset that finds a kept process of its model stops the
+    new one too."""
     from ulptrace import spawning
 
     shutdown()
     started = spawning.start_reference("tiny-llama", "cpu")
     cfg = RunConfig(model="tiny-llama", candidate="kernels:fused", oracle=False, concurrent="auto", **SMALL)
     comparison, info = run_onset(cfg)
-    assert comparison.sites and "reference_process" not in info
+    assert comparison.sites and "reference_process" not in info and "concurrent_from_start" not in info
     started.process.join(10)
     assert not started.process.is_alive() and spawning.take_reference("tiny-llama", "cpu") is None
     try:
@@ -814,3 +884,24 @@ def test_the_console_script_s_reference_process_imports_a_path_module_from_the_w
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "onset.json").read_text())
     assert report["reference"]["path"] == "mypkg:patch" and report["run"]["reference_process"]["pid"] > 0
+
+
+@pytest.mark.gpu
+def test_the_commands_default_on_a_large_model_on_cuda_runs_the_reference_beside_it_and_reports_the_same(
+        tmp_path, cuda_kernels) -> None:
+    """The user's case: ``ulptrace onset`` on the 0.8B shape on CUDA, a fresh process, as typed — its reference runs
+    in the process the command started at its first line, from the start (said in the run info), and the report is
+    ``--no-concurrent``'s."""
+    reports = {}
+    for name, flags in (("default", []), ("no-concurrent", ["--no-concurrent"])):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run([sys.executable, "-m", "ulptrace", "onset", "--model", "qwen3.5-0.8b", "--device", "cuda",
+                               "--candidate", "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "16",
+                               "--new-tokens", "3", "--sdpa", "flash", "--quiet", "--json", str(out), *flags],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports[name] = json.loads(out.read_text())
+    run = reports["default"]["run"]
+    assert "of weights on cuda" in run["concurrent_from_start"] and run["reference_process"]["run_in_process"] == 1
+    assert "reference_process" not in reports["no-concurrent"]["run"]
+    assert _essentials(reports["default"]) == _essentials(reports["no-concurrent"])
