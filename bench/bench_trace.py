@@ -46,7 +46,7 @@ import torch
 # what says when, where and how the run went rather than what it found (a mode's own run info included: the reference's
 # process, judging processes, a reference spilled to host memory or switched to its own process)
 VOLATILE = ("versions", "device", "path_info", "observation", "reference_process", "judging_processes",
-            "reference_spilled", "switched_to_concurrent", "timeline")
+            "reference_spilled", "switched_to_concurrent", "timeline", "concurrent_from_start")
 GOALS = ("P1", "P2", "P3", "P5")
 
 

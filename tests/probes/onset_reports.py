@@ -10,7 +10,8 @@ from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig
 
 # when and in which process, not what was found
-VOLATILE = ("versions", "path_info", "reference_process", "judging_processes", "timeline")
+VOLATILE = ("versions", "path_info", "reference_process", "judging_processes", "timeline",
+            "concurrent_from_start")
 
 
 def report(cfg: RunConfig) -> dict:
