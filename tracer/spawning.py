@@ -5,9 +5,10 @@ Why a module of its own, free of torch: ``onset``'s reference process, when the 
 own (``ulptrace.concurrent``), spends most of its start-up importing — torch, transformers, the model's modules: 9-10
 s on the H200's host — and can only then run. This process builds its candidate meanwhile. Started once this process
 had imported torch and transformers itself (4-6 s into the command, ``bench/RESULTS.md``, twenty-fifth round), it was
-ready after this side's build, which then waited for it. Nothing here imports torch, so ``onset --concurrent`` starts
-it at the command's first line (``start_reference``: ready 3-7 s before this side's build ends on the H200) and
-``ulptrace.concurrent`` takes it (``take_reference``); an onset that does not stops it (``drop_reference``).
+ready after this side's build, which then waited for it. Nothing here imports torch, so an onset that runs its
+reference in a process of its own from the start (``--concurrent``, or the default's rule: ``beside_from_start``) has
+it started at the command's first line (``start_reference``: ready 2-7 s before this side's build ends on the H200)
+and ``ulptrace.concurrent`` takes it (``take_reference``); an onset that does not stops it (``drop_reference``).
 """
 
 from __future__ import annotations
