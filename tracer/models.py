@@ -34,7 +34,9 @@ def realistic_init_(model: torch.nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 1)
 
     def draw(shape: torch.Size, mean: float, std: float) -> torch.Tensor:
-        return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
+        # in place: the same two roundings as ``randn * std + mean``, without two more temporaries of the size (the
+        # 0.8B shape's embeddings are 254M values: ~1 s each on a host core)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).mul_(std).add_(mean)
 
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
@@ -47,10 +49,16 @@ def realistic_init_(model: torch.nn.Module, seed: int) -> None:
             module.A_log.copy_(a.log())
             module.dt_bias.copy_(draw(module.dt_bias.shape, 0.0, 1.0))
     std = _std_of(model)
-    for emb in (model.get_input_embeddings(), model.get_output_embeddings()):
-        if emb is not None and emb.weight is not None:
-            # Wider than HF's initializer_range so greedy decoding of a tiny model is not degenerate.
-            emb.weight.copy_(draw(emb.weight.shape, 0.0, 4 * std))
+    embeddings = [emb.weight for emb in (model.get_input_embeddings(), model.get_output_embeddings())
+                  if emb is not None and emb.weight is not None]
+    for i, weight in enumerate(embeddings):
+        if any(weight is later for later in embeddings[i + 1:]):
+            # tied: the output embedding's draw overwrites this one, which only advances the generator (as it always
+            # did: the weights stay what they were)
+            torch.randn(weight.shape, generator=gen, dtype=torch.float32)
+            continue
+        # Wider than HF's initializer_range so greedy decoding of a tiny model is not degenerate.
+        weight.copy_(draw(weight.shape, 0.0, 4 * std))
 
 
 def _config(spec: ModelSpec) -> Any:

@@ -129,3 +129,37 @@ def test_decoder_layers_found_once_and_again_when_the_list_is_replaced() -> None
     assert decoder_layers(model) is model.model.layers and len(decoder_layers(model)) == 1
     with pytest.raises(ValueError, match="no ModuleList of decoder layers"):
         decoder_layers(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_draws_give_the_weights_their_definition_gives(tied: bool) -> None:
+    """``realistic_init_`` draws in place and skips the arithmetic of a tied embedding's first draw, which the output
+    embedding's draw overwrites: the weights must stay bitwise what the definition — every draw ``randn * std + mean``
+    out of place, each embedding drawn in turn, one seeded generator — gives (the embedded models' weights, and so
+    every report, unchanged). Both a tied and an untied model; every parameter compared by its bits."""
+    import copy
+
+    import transformers
+    from ulptrace.models import _config, realistic_init_
+
+    config = _config(MODELS["tiny-qwen3.5"])
+    config.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    built = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    assert (built.get_input_embeddings().weight is built.get_output_embeddings().weight) is tied
+    expected = copy.deepcopy(built)
+    gen = torch.Generator().manual_seed(7 + 1)
+    with torch.no_grad():  # the definition, written out
+        for module in expected.modules():
+            if "RMSNorm" in type(module).__name__:
+                mean = 0.0 if "Qwen3_5RMSNorm" == type(module).__name__ else 1.0
+                module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.15 + mean)
+            if hasattr(module, "A_log") and hasattr(module, "dt_bias"):
+                module.A_log.copy_((torch.rand(module.A_log.shape, generator=gen) * 15.99 + 0.01).log())
+                module.dt_bias.copy_(torch.randn(module.dt_bias.shape, generator=gen) * 1.0 + 0.0)
+        std = config.initializer_range
+        for emb in (expected.get_input_embeddings(), expected.get_output_embeddings()):
+            emb.weight.copy_(torch.randn(emb.weight.shape, generator=gen) * (4 * std) + 0.0)
+    realistic_init_(built, 7)
+    for (name, a), (_, b) in zip(built.state_dict().items(), expected.state_dict().items(), strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name
