@@ -1,7 +1,8 @@
 """What a new helper process's start-up costs, stage by stage (``onset --concurrent``'s reference process, the
 oracle's judging processes): each stage timed in a fresh interpreter, in the order a helper takes them
 (``ulptrace.processes.prepare_imports``) and with the CUDA context first, so the part that a parent's model build
-cannot overlap is known by stage (issue 11: the concurrent onset's single command waits for it).
+cannot overlap is known by stage (issue 11: the concurrent onset's single command waits for it). ``--build`` then
+builds the model as an onset's side does, by part: what a command spends before its first run.
 
     python bench/bench_startup.py --device cuda --model qwen3.5-0.8b --repeats 3
 """
@@ -36,6 +37,22 @@ prepare(sys.argv[1])
 mark("prepare (the model's modules, built on the meta device)")
 if sys.argv[3] != "context-first":
     context()
+if sys.argv[4] == "build":  # then the model built as an onset's side builds it, by part
+    import ulptrace.models as models
+    redraw = models.realistic_init_
+    def timed(model, seed):
+        mark("build: HF's init (from_config, on the device)")
+        redraw(model, seed)
+        mark("build: the trained-like redraw (realistic_init_, on the host)")
+    models.realistic_init_ = timed
+    model = models.build_model(sys.argv[1], device=sys.argv[2])
+    if torch.device(sys.argv[2]).type == "cuda":
+        torch.cuda.synchronize()
+    mark("build: the cast to bfloat16, done")
+    models.twin(model)
+    if torch.device(sys.argv[2]).type == "cuda":
+        torch.cuda.synchronize()
+    mark("twin (the second side's model)")
 print(json.dumps(marks))
 """
 
@@ -45,6 +62,8 @@ def main() -> None:
     p.add_argument("--model", default="qwen3.5-0.8b")
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--build", action="store_true",
+                   help="then build the model as an onset's side does (HF's init, the redraw, the cast) and its twin")
     p.add_argument("--json")
     args = p.parse_args()
     if args.repeats < 1:
@@ -52,7 +71,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"helper order": [], "context-first": []}
     for _ in range(args.repeats):
         for order, marks in runs.items():
-            done = subprocess.run([sys.executable, "-c", _STAGES, args.model, args.device, order],
+            done = subprocess.run([sys.executable, "-c", _STAGES, args.model, args.device, order,
+                                   "build" if args.build else "-"],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 sys.exit(f"a fresh interpreter's start-up failed ({order}):\n{done.stderr[-2000:]}")
