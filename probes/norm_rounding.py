@@ -306,5 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_cli(job, args)
 
 
+def console() -> None:
+    """The ``trace_norm_rounding`` console script: :func:`main`, then the process ends without the interpreter's
+    teardown (``ulptrace.exiting``)."""
+    from ulptrace.exiting import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    console()

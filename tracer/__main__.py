@@ -1,5 +1,5 @@
 """``python -m ulptrace`` runs the ``ulptrace`` command line."""
 
-from ulptrace.cli import main
+from ulptrace.cli import console
 
-raise SystemExit(main())
+console()

@@ -807,6 +807,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console() -> None:
+    """The ``ulptrace`` console script: :func:`main`, then the process ends without the interpreter's teardown
+    (``ulptrace.exiting``)."""
+    from ulptrace.exiting import exit_now
+
+    exit_now(main())
+
+
 HF_VERBOSITY = "error"  # transformers' verbosity in the command (and in the helper processes it starts)
 
 
@@ -821,4 +829,4 @@ def quiet_transformers() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    console()

@@ -886,6 +886,25 @@ def test_the_console_script_s_reference_process_imports_a_path_module_from_the_w
     assert report["reference"]["path"] == "mypkg:patch" and report["run"]["reference_process"]["pid"] > 0
 
 
+def test_the_console_script_stops_its_kept_reference_process_before_it_ends(tmp_path) -> None:
+    """The console script ends without the interpreter's teardown (``ulptrace.exiting``), its exit handlers run
+    first: the reference process a clean run keeps for the next onset (HF's reference) is stopped and reaped by the
+    time the command has ended, not left running until it notices that its parent is gone."""
+    script = Path(sys.executable).with_name("ulptrace")
+    if not script.exists():
+        script = Path(shutil.which("ulptrace") or "ulptrace")
+    # output to files, not pipes, which the reference process holds too: reading pipes to their end would wait for it
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        done = subprocess.run([str(script), "onset", "--concurrent", "--model", "tiny-llama", "--candidate",
+                               "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "8", "--new-tokens",
+                               "2", "--quiet", "--json", "onset.json"],
+                              cwd=tmp_path, stdout=out, stderr=err, timeout=300, check=False)
+    assert done.returncode == 0, (tmp_path / "err.txt").read_text()[-2000:]
+    process = json.loads((tmp_path / "onset.json").read_text())["run"]["reference_process"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(process["pid"], 0)
+
+
 @pytest.mark.gpu
 def test_the_commands_default_on_a_large_model_on_cuda_runs_the_reference_beside_it_and_reports_the_same(
         tmp_path, cuda_kernels) -> None:
