@@ -24,7 +24,7 @@ def exit_now(code: int) -> NoReturn:
     """End this process with exit status ``code`` at once: exit handlers run, output flushed, no teardown."""
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)  # the ordinary exit joins them first
-    atexit._run_exitfuncs()  # noqa: SLF001 — the handlers the ordinary exit would run, in its order
+    atexit._run_exitfuncs()  # the handlers the ordinary exit would run, in its order (a private name of CPython)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
