@@ -72,11 +72,11 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
             raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
                              f"reference trace, but a reference directory was given ({str(reference_dir)!r}): "
                              "drop one of them")
-        return _run_concurrent(cfg, say, bar, started=started)
+        return _run_concurrent(cfg, say, bar, started)
     why = from_start(cfg) if reference_dir is None else None
     if why is not None:
         say(why)
-        comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, started=started)
+        comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, started)
         info["concurrent_from_start"] = why
         return comparison, info
     drop_reference()  # a reference process started for this run (ulptrace.spawning) that it does not take
@@ -112,7 +112,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     say(f"the reference's records {why} at step {outgrown['step']}; starting again with the reference in a process "
         "of its own, its records streamed as the candidate runs (--no-concurrent: keep them here, the rest in host "
         "memory)")
-    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, built, started)
+    comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, started, built)
     info["switched_to_concurrent"] = outgrown
     return comparison, info
 
@@ -236,18 +236,17 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
-def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress,
-                    built: tuple[Any, Any, torch.Tensor] | None = None, started: float | None = None
-                    ) -> tuple[Comparison, dict[str, Any]]:
+def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress, started: float,
+                    built: tuple[Any, Any, torch.Tensor] | None = None) -> tuple[Comparison, dict[str, Any]]:
     """``_run_onset`` with the reference recorded in a process of its own while the candidate runs
     (``ulptrace.concurrent``): the same records compared the same way, the candidate fed the reference's tokens as
     they come. This process builds the candidate (and, for the oracle, the reference model it judges by) while the
     other starts (its imports), then sends it a twin of the candidate's model as built (a kept process has it).
     ``built``: (the reference model or None without the oracle, the candidate model, the prompts) as ``build_pair``
     made them, no path applied to the candidate yet — the switch's, not built again. ``started``: when the onset
-    began (``time.perf_counter()``; None: now)."""
+    began (``time.perf_counter()``)."""
     check_run(cfg)  # before a process is started
-    info = _run_info(cfg, time.perf_counter() if started is None else started)
+    info = _run_info(cfg, started)
     with ExitStack() as stack:
         remote = stack.enter_context(ReferenceProcess(cfg))
         pool = _judge_pool(cfg, stack)

@@ -30,6 +30,18 @@ def _seed() -> None:
 
 
 @pytest.fixture(scope="session")
+def ulptrace_script() -> str:
+    """The installed ``ulptrace`` console script (beside this interpreter, else on ``PATH``): what a user types, its
+    entry point included, not ``main`` called in-process."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("ulptrace")
+    return str(script) if script.exists() else shutil.which("ulptrace") or "ulptrace"
+
+
+@pytest.fixture(scope="session")
 def cuda_compiler() -> None:
     """Skip, saying why, only where CUDA code cannot be built at all: no device, no CUDA torch, no nvcc."""
     from ulptrace.kernels import _build

@@ -377,9 +377,10 @@ def start_onset_reference(args: argparse.Namespace) -> None:
     them (``ulptrace.spawning``)."""
     from ulptrace.spawning import beside_from_start, start_reference
 
-    if args.tp is None and args.reference_memory == "auto" and (args.concurrent is True or (
-            args.concurrent is None
-            and beside_from_start(args.model, args.device, args.dtype, "auto", args.reference_memory) is not None)):
+    if args.tp is not None or args.reference_memory != "auto":  # refused, or kept here (cmd_onset, RunConfig)
+        return
+    if args.concurrent is True or (args.concurrent is None and beside_from_start(
+            args.model, args.device, args.dtype, "auto", args.reference_memory) is not None):
         start_reference(args.model, args.device, HF_VERBOSITY)
 
 

@@ -449,18 +449,19 @@ class RemoteTrace:
         return self.tokens[step]
 
     def finish(self) -> tuple[torch.Tensor, Any, dict[str, Any] | None, dict[str, Any]]:
-        """Wait for the reference to finish: (its tokens, its path's report, its observation check, about its
-        process: ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA),
+        """Wait for the reference to finish: (its tokens, its path's report, its observation check, about its process:
+        ``pid``, ``run_in_process`` (1 for a new process), ``peak_gpu_bytes`` in the run (None off CUDA),
         ``built_at``, its ``time.perf_counter()`` when its model was ready — on Linux the same clock as this
         process's, so a benchmark can time the run from when both sides were ready — and ``start_up``, when the
         process was started (``spawned_at``, this process's clock; ``sent_at``, when this process sent the run, its
-        model built), had its imports (``serving_at``, then ``imported_at``), got its first run (``command_at``), its CUDA context (``context_at``, on CUDA) and its model
-        (``model_at``; ``model_shipped``: a twin sent by this process, else built there)) and ``seconds``, where the
-        run's time went on both sides: the reference's run (``run_s``), in it its packing (``pack_s``), its handing
-        messages to the queue (``put_s``: it waits while ``AHEAD`` are not taken, i.e. while this side is behind) and
-        its waits for live reads; this side's waits for messages (``candidate_waited_s``: the reference is behind)
-        and their unpacking), and ``arena_waits``, how often this side waited for the device to pass arenas it had
-        read because more than ``WAITING_BYTES`` of them were waiting (a long prefill's device work behind)."""
+        model built), had its imports (``serving_at``, then ``imported_at``), got its first run (``command_at``), its
+        CUDA context (``context_at``, on CUDA) and its model (``model_at``; ``model_shipped``: a twin sent by this
+        process, else built there)) and ``seconds``, where the run's time went on both sides: the reference's run
+        (``run_s``), in it its packing (``pack_s``), its handing messages to the queue (``put_s``: it waits while
+        ``AHEAD`` are not taken, i.e. while this side is behind) and its waits for live reads; this side's waits for
+        messages (``candidate_waited_s``: the reference is behind) and their unpacking), and ``arena_waits``, how
+        often this side waited for the device to pass arenas it had read because more than ``WAITING_BYTES`` of them
+        were waiting (a long prefill's device work behind)."""
         self.keys()
         self.done[-1]["seconds"].update(self.seconds)  # type: ignore[index]
         self.done[-1]["arena_waits"] = self._unused.waited  # type: ignore[index]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -502,7 +501,6 @@ def test_a_reference_process_whose_parent_is_killed_exits() -> None:
     """A parent killed outright (no exit handlers) leaves its reference process blocked on a queue nobody will read
     or write again; it notices its parent is gone and ends instead of lingering with its model."""
     import signal
-    from pathlib import Path
 
     code = ("from ulptrace.concurrent import ReferenceProcess\n"
             "from ulptrace.run import RunConfig\n"
@@ -868,16 +866,14 @@ def test_a_reference_process_started_for_a_run_that_does_not_take_it_is_stopped(
 
 
 
-def test_the_console_script_s_reference_process_imports_a_path_module_from_the_working_directory(tmp_path) -> None:
+def test_the_console_script_s_reference_process_imports_a_path_module_from_the_working_directory(
+        tmp_path, ulptrace_script) -> None:
     """``ulptrace onset --concurrent`` starts its reference process at the command's first line: that process must
     see the working directory on its import path as this one does (``cli.cwd_on_path``), or a user's
     ``module:function`` reference path there is not found in it."""
     (tmp_path / "mypkg.py").write_text("def patch(model):\n    return None\n")
-    script = Path(sys.executable).with_name("ulptrace")
-    if not script.exists():
-        script = Path(shutil.which("ulptrace") or "ulptrace")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([str(script), "onset", "--concurrent", "--model", "tiny-llama", "--reference", "mypkg:patch",
+    done = subprocess.run([ulptrace_script, "onset", "--concurrent", "--model", "tiny-llama", "--reference", "mypkg:patch",
                            "--candidate", "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "8",
                            "--new-tokens", "2", "--quiet", "--json", "onset.json"],
                           cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
@@ -886,16 +882,13 @@ def test_the_console_script_s_reference_process_imports_a_path_module_from_the_w
     assert report["reference"]["path"] == "mypkg:patch" and report["run"]["reference_process"]["pid"] > 0
 
 
-def test_the_console_script_stops_its_kept_reference_process_before_it_ends(tmp_path) -> None:
+def test_the_console_script_stops_its_kept_reference_process_before_it_ends(tmp_path, ulptrace_script) -> None:
     """The console script ends without the interpreter's teardown (``ulptrace.exiting``), its exit handlers run
     first: the reference process a clean run keeps for the next onset (HF's reference) is stopped and reaped by the
     time the command has ended, not left running until it notices that its parent is gone."""
-    script = Path(sys.executable).with_name("ulptrace")
-    if not script.exists():
-        script = Path(shutil.which("ulptrace") or "ulptrace")
     # output to files, not pipes, which the reference process holds too: reading pipes to their end would wait for it
     with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
-        done = subprocess.run([str(script), "onset", "--concurrent", "--model", "tiny-llama", "--candidate",
+        done = subprocess.run([ulptrace_script, "onset", "--concurrent", "--model", "tiny-llama", "--candidate",
                                "kernels:fused", "--no-oracle", "--prompts", "2", "--prompt-len", "8", "--new-tokens",
                                "2", "--quiet", "--json", "onset.json"],
                               cwd=tmp_path, stdout=out, stderr=err, timeout=300, check=False)

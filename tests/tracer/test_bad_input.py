@@ -424,13 +424,10 @@ def test_next_write_to_the_directory_removes_stale_temporaries(tmp_path, capsys)
 
 # -- paths in the working directory, listing, help ----------------------------------------------------
 
-def test_console_script_imports_a_path_module_from_the_working_directory(tmp_path) -> None:
+def test_console_script_imports_a_path_module_from_the_working_directory(tmp_path, ulptrace_script) -> None:
     (tmp_path / "mypkg.py").write_text("def patch(model):\n    return None\n")
-    script = Path(sys.executable).with_name("ulptrace")
-    if not script.exists():
-        script = Path(shutil.which("ulptrace") or "ulptrace")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([str(script), "record", *TINY, "--model", "tiny-llama", "--path", "mypkg:patch",
+    done = subprocess.run([ulptrace_script, "record", *TINY, "--model", "tiny-llama", "--path", "mypkg:patch",
                            "--out", "t"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "t" / "manifest.json").read_text())["metadata"]["path"] == "mypkg:patch"

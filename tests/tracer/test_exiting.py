@@ -57,7 +57,8 @@ def test_the_console_scripts_end_through_it(tmp_path) -> None:
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts") if e.name in ("ulptrace",
                                                                                             "trace_norm_rounding")}
-    assert scripts == {"ulptrace": "ulptrace.cli:console", "trace_norm_rounding": "ulptrace.probes.norm_rounding:console"}
+    assert scripts == {"ulptrace": "ulptrace.cli:console",
+                       "trace_norm_rounding": "ulptrace.probes.norm_rounding:console"}
     listed = subprocess.run([sys.executable, "-m", "ulptrace", "models"], capture_output=True, text=True, timeout=120,
                             check=False)
     assert listed.returncode == 0 and "qwen3.5-0.8b" in listed.stdout, listed.stderr
