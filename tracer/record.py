@@ -304,10 +304,15 @@ def _plain(t: torch.Tensor) -> bool:
     return type(t) is torch.Tensor and t.layout is torch.strided
 
 
-def _bare_memory(t: torch.Tensor) -> bool:
-    """``t``'s values are its memory read in order: contiguous, no lazy conjugation or negation (a ``conj()`` view
-    shares its base's memory but not its values), so a view of a copy of that memory holds them."""
-    return t.is_contiguous() and not t.is_conj() and not t.is_neg()
+def _storage_key(t: torch.Tensor) -> int | None:
+    """Where ``t``'s storage begins, when ``t`` is a dense tensor of torch's own type (``_plain``) whose values are its
+    memory read in order — contiguous, no lazy conjugation or negation (a ``conj()`` view shares its base's memory but
+    not its values), so a view of a copy of that memory holds them; else None. The recorder keeps and finds copies by
+    it (``Recorder._copy_once``); it runs for every observed value, so its tests are written out in one expression."""
+    if type(t) is torch.Tensor and t.layout is torch.strided and t.is_contiguous() and not t.is_conj() \
+            and not t.is_neg():
+        return t.untyped_storage().data_ptr()
+    return None
 
 
 def _copy(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -773,7 +778,7 @@ class Recorder:
         """Module ``path``'s post-hook is done with its first argument (read back as the residual, or not needed):
         one reader less (none while a graph is captured, where nothing is released)."""
         if not self._capturing:
-            self._release(f"{path}:in0")
+            self._release((f"{path}:in0",))
 
     def _gdn_enter(self, path: str) -> Callable:
         def hook(module: Any, args: tuple) -> None:
@@ -911,10 +916,9 @@ class Recorder:
             copy = entry[2]()
             if copy is not None:
                 return copy
-        # the storage an earlier copy is looked up (and this one kept) by: only where the values are that memory in
-        # order (_bare_memory) and the tensor has a storage to ask (_plain)
-        storage = value.untyped_storage().data_ptr() if _plain(value) and _bare_memory(value) else None
-        copy = None if storage is None else self._view_of_copy(value, storage, outputs)
+        storage = _storage_key(value)  # the storage an earlier copy is looked up (and this one kept) by
+        bases = None if storage is None else self._bases.get(storage)
+        copy = None if bases is None else self._view_of_copy(value, bases, outputs)
         fresh = copy is None
         if fresh:
             copy = self._new_copy(value)
@@ -939,21 +943,23 @@ class Recorder:
         this observation, or when a module inside it returned."""
         return entry[3] == self._serial or (entry[4] is not None and entry[4].startswith(path + "."))
 
-    def _view_of_copy(self, value: torch.Tensor, storage: int, outputs: str | None) -> torch.Tensor | None:
-        """A contiguous ``value`` (in the storage that begins at ``storage``) that lies inside a contiguous tensor copied
-        earlier in this step (a view of it: HF splits a projection into query, key and value and reshapes them),
-        under the rules of ``_copy_once`` (the version counter, which a view shares with its base, unchanged;
-        ``outputs``: copied after the call began): the same view of that copy, since the copy holds the bytes the
-        view reads — no second copy. A view that is not contiguous, or conjugated or negated lazily
-        (``_bare_memory``), is copied as it is (the caller does not ask)."""
-        for entry, copy in reversed(self._bases.get(storage, ())):  # the latest first
+    def _view_of_copy(self, value: torch.Tensor, bases: list, outputs: str | None) -> torch.Tensor | None:
+        """A contiguous ``value`` that lies inside a contiguous tensor copied earlier in this step in the same storage
+        (``bases``: those copies, from ``_bases``; a view of one: HF splits a projection into query, key and value and
+        reshapes them), under the rules of ``_copy_once`` (the version counter, which a view shares with its base,
+        unchanged; ``outputs``: copied after the call began): the same view of that copy, since the copy holds the
+        bytes the view reads — no second copy. A view that is not contiguous, or conjugated or negated lazily
+        (no ``_storage_key``), is copied as it is (the caller does not ask)."""
+        for entry, copy in reversed(bases):  # the latest first
             base = entry[0]()
             if base is None or entry[1] != value._version or entry[1] != base._version \
                     or base.dtype != value.dtype or (outputs is not None and not self._after_call(entry, outputs)):
                 continue
             start = value.storage_offset() - base.storage_offset()
             if 0 <= start and start + value.numel() <= base.numel():
-                return copy.view(-1)[start:start + value.numel()].view(value.shape)
+                # one op (three before: a flat view, a slice, a reshape): the copy is contiguous, so the view's
+                # elements lie at ``start`` on in the copy's order, laid out as ``value`` (contiguous) lays them
+                return copy.as_strided(value.shape, value.stride(), copy.storage_offset() + start)
         return None
 
     def _emit(self, site: _Emitter, out: torch.Tensor, path: str) -> None:
@@ -970,19 +976,20 @@ class Recorder:
             self._templates.append(record)
             return
         self.sink.add(record)
-        for key in site.reads:
-            self._release(key)
+        self._release(site.reads)
 
-    def _release(self, key: str) -> None:
-        """One reader of observation ``key`` is done with it: the last one drops the recorder's copy."""
-        count = self._left.get(key)
-        if count is None:
-            return
-        if count <= 1:
-            del self._left[key]
-            self._buffer.pop(key, None)
-        else:
-            self._left[key] = count - 1
+    def _release(self, keys: Iterable[str]) -> None:
+        """One reader of each observation in ``keys`` is done with it: the last one drops the recorder's copy."""
+        left, buffer = self._left, self._buffer
+        for key in keys:
+            count = left.get(key)
+            if count is None:
+                continue
+            if count <= 1:
+                del left[key]
+                buffer.pop(key, None)
+            else:
+                left[key] = count - 1
 
     def held(self) -> list[str]:
         """The observations (``module:at``) the recorder still holds a copy of: those a reader that has not read

@@ -560,6 +560,38 @@ def test_a_view_of_a_value_copied_before_is_that_copys_view_unless_written_since
     assert len(made) == (4 if write else 3)
 
 
+class _Reshaped(torch.nn.Module):
+    """b is given a contiguous 2-D view at an offset inside a's output (a key split out of a projection, reshaped
+    to heads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Identity(), torch.nn.Identity()
+
+    def forward(self, x):
+        y = self.a(x.clone())
+        return self.b(y.view(3, 4)[1:].reshape(2, 2, 2))
+
+
+def test_a_reshaped_view_at_an_offset_is_served_with_its_own_shape_and_values() -> None:
+    """The copy's view stands where the value stood: the elements from the view's offset, in the view's shape (both
+    different from the copied tensor's), one copy for both."""
+    from ulptrace.sites import Obs, Site
+
+    sites = [Site("a", "other", None, Obs("a", "out")),
+             Site("b", "other", None, Obs("b", "out"), {"x": Obs("b", "in0")})]
+    x = torch.arange(12.0) - 5.5
+    with Recorder(_Reshaped(), sites=sites) as rec:
+        rec.model(x)
+    a, b = rec.trace["a", 0], rec.trace["b", 0]
+    given = b.inputs["x"]
+    expected = torch.tensor([[[-1.5, -0.5], [0.5, 1.5]], [[2.5, 3.5], [4.5, 5.5]]])  # x[4:12], by hand
+    assert given.shape == (2, 2, 2) and given.is_contiguous() and torch.equal(given, expected)
+    assert given.untyped_storage().data_ptr() == a.out.untyped_storage().data_ptr()  # a view of a's copy
+    assert given.data_ptr() == a.out.data_ptr() + 4 * a.out.element_size()
+    assert torch.equal(a.out, x)
+
+
 class _Outer(torch.nn.Module):
     """outer returns what its inner module returned (an MLP returns its down_proj's output)."""
 
