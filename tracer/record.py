@@ -725,13 +725,15 @@ class Recorder:
         return self.step >= 0 and (self.steps is None or self.step in self.steps)
 
     def _pre_hook(self, path: str, ats: set[str]) -> Callable:
+        in1, tables_read = "in1" in ats, bool(ats & {"cos", "sin"})  # what it reads: decided once, not at every call
+
         def hook(module: Any, args: tuple, kwargs: dict) -> None:
             if not self._recording():
                 return
             values = {"in0": _arg(args, kwargs, 0)}
-            if "in1" in ats:
+            if in1:
                 values["in1"] = _arg(args, kwargs, 1)
-            if ats & {"cos", "sin"}:
+            if tables_read:
                 tables = kwargs.get("position_embeddings")
                 if tables is None and len(args) > 1 and isinstance(args[1], (tuple, list)):
                     tables = args[1]
@@ -742,25 +744,29 @@ class Recorder:
         return hook
 
     def _post_hook(self, path: str, ats: set[str]) -> Callable:
+        # what it reads: decided once, not at every call
+        out, out1, residual = "out" in ats, "out1" in ats, "residual" in ats
+        states = bool(ats & {"state.conv", "state.recurrent"})
+
         def hook(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
             if not self._recording():
                 return
             values: dict[str, Any] = {}  # tensors, None, or _Owned
-            if "out" in ats:
+            if out:
                 values["out"] = _first_tensor(output)
-            if "out1" in ats:
+            if out1:
                 values["out1"] = _first_tensor(output, 1)
-            if "residual" in ats:
+            if residual:
                 # fused add+norm returns (normed, residual); HF's norm input already is the residual
                 second = _first_tensor(output, 1) if isinstance(output, (tuple, list)) else None
                 if second is not None:
                     values["residual"] = second
                 else:
                     values["residual"] = _FROM_INPUT if self._compiled else self._input_copy(path)
-            if ats & {"state.conv", "state.recurrent"}:
+            if states:
                 values.update(self._gdn_states(module, kwargs))
             self._observe(path, values, outputs=True)
-            if "residual" in ats and not self._compiled:  # compiled: when the queue is drained
+            if residual and not self._compiled:  # compiled: when the queue is drained
                 self._input_read(path)
             if self._compiled:
                 self._queue.append(("call", path, None))
