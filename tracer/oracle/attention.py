@@ -122,11 +122,19 @@ def replay_attention(
 
     keys, queries = k.lo.shape[-2], q.lo.shape[-2]
     k_t = k.map(lambda t: t.transpose(-2, -1))
+    # blocks of query rows, so the float64 score intervals held at once stay bounded (BLOCK_SCORES elements)
+    per_row = max(1, q.lo.numel() // max(queries * head_dim, 1) * keys)
+    block = max(1, I.elements_at_once(BLOCK_SCORES, q.lo.is_cuda) // per_row)
+    # what the products derive from the keys and the values, made once for all blocks (not again at each block from
+    # the whole keys and values: that was most of a long prompt's replay, and its memory churn)
+    many = block < queries
+    k_right = I.matmul_right(k_t, q.is_point) if many else None
+    v_right = I.nonneg_right(v) if many else None
 
     def rows(first: int, last: int) -> Iv:
         """The output interval of query rows ``first:last`` (each row's scores, softmax and P @ V are its own)."""
         qb = q.map(lambda t: t[..., first:last, :])
-        scores = stage(I.matmul(qb, k_t, head_dim))
+        scores = stage(I.matmul(qb, k_t, head_dim, k_right))
         scores = stage(I.mul(scores, I.scalar_iv(scale, scores.lo)))
         if mask is not None:
             mb = mask.map(lambda t: t[..., first:last, :]) if mask.lo.dim() >= 2 and mask.lo.shape[-2] == queries \
@@ -145,11 +153,8 @@ def replay_attention(
         if narrow is not None and (semantics == "flash" or "flash" in stages):
             probs = I.widen_rel(probs, I.unit_roundoff(narrow))
         # the FP32 accumulation of P @ V, plus one rescaling per key block of an online softmax
-        return I.nonneg_matmul(probs, v, 2 * keys)
+        return I.nonneg_matmul(probs, v, 2 * keys, v_right)
 
-    # blocks of query rows, so the float64 score intervals held at once stay bounded (BLOCK_SCORES elements)
-    per_row = max(1, q.lo.numel() // max(queries * head_dim, 1) * keys)
-    block = max(1, I.elements_at_once(BLOCK_SCORES, q.lo.is_cuda) // per_row)
     parts = [rows(first, min(first + block, queries)) for first in range(0, queries, block)]
     if len(parts) == 1:
         return (parts[0],) + (None,) * (outputs - 1)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from ulptrace.ulp import round_to
@@ -529,28 +530,72 @@ def reduce_sum(a: Iv, dims: list[int], keepdim: bool, terms: int) -> Iv:
     return Iv(s_lo - bound, s_hi + bound, pt)
 
 
-def matmul(a: Iv, b: Iv, terms: int) -> Iv:
-    """``a @ b`` (torch.matmul broadcasting) in midpoint-radius form, plus ``gamma(terms) * |a| @ |b|``."""
+class MatmulRight(NamedTuple):
+    """What :func:`matmul` derives from its right operand (midpoint, radius, ``|mid| + rad``, magnitude), made once by
+    :func:`matmul_right` for products taken in blocks of the left operand's rows (attention's query rows): each block
+    then reads them instead of deriving them again from the whole operand — the same tensors, so the blocks' results
+    are those of deriving them per block, bit for bit. ``rad`` and ``spread`` are None for a point with a point on the
+    left (the product of two points needs neither)."""
+
+    mid: torch.Tensor
+    rad: torch.Tensor | None
+    spread: torch.Tensor | None
+    mag: torch.Tensor
+
+
+def matmul_right(b: Iv, left_point: bool) -> MatmulRight:
+    """:class:`MatmulRight` of ``b`` for left operands that are points (``left_point``) or not."""
+    if left_point and b.is_point:
+        return MatmulRight(b.lo, None, None, b.lo.abs())
+    bm, br = (b.lo + b.hi) / 2, (b.hi - b.lo) / 2
+    return MatmulRight(bm, br, bm.abs() + br, magnitude(b))
+
+
+def matmul(a: Iv, b: Iv, terms: int, right: MatmulRight | None = None) -> Iv:
+    """``a @ b`` (torch.matmul broadcasting) in midpoint-radius form, plus ``gamma(terms) * |a| @ |b|``. ``right``:
+    ``matmul_right(b, a.is_point)``, made once for many products with ``b`` (made here when not given)."""
+    if right is None:
+        right = matmul_right(b, a.is_point)
     if a.is_point and b.is_point:
-        mid = a.lo @ b.lo
+        mid = a.lo @ right.mid
         rad = torch.zeros((), dtype=F64, device=mid.device)
-        bound = gamma(terms) * (a.lo.abs() @ b.lo.abs())
+        bound = gamma(terms) * (a.lo.abs() @ right.mag)
     else:
         am, ar = (a.lo + a.hi) / 2, (a.hi - a.lo) / 2
-        bm, br = (b.lo + b.hi) / 2, (b.hi - b.lo) / 2
-        mid = am @ bm
-        rad = am.abs() @ br + ar @ (bm.abs() + br)
-        bound = gamma(terms) * (magnitude(a) @ magnitude(b))
+        mid = am @ right.mid
+        rad = am.abs() @ right.rad + ar @ right.spread
+        bound = gamma(terms) * (magnitude(a) @ right.mag)
     pt = _pt(torch.matmul, a, b)
     return Iv(mid - rad - bound, mid + rad + bound, pt)
 
 
-def nonneg_matmul(p: Iv, v: Iv, terms: int) -> Iv:
-    """``p @ v`` for ``p >= 0`` (probabilities): tight per-term corners, plus the FP32 accumulation bound."""
+class NonnegRight(NamedTuple):
+    """What :func:`nonneg_matmul` derives from its right operand (each end's positive and negative parts, its
+    magnitude), made once by :func:`nonneg_right` for products in blocks of rows, as :class:`MatmulRight`."""
+
+    lo_pos: torch.Tensor
+    lo_neg: torch.Tensor
+    hi_pos: torch.Tensor
+    hi_neg: torch.Tensor
+    mag: torch.Tensor
+
+
+def nonneg_right(v: Iv) -> NonnegRight:
+    lo_pos, lo_neg = v.lo.clamp(min=0), v.lo.clamp(max=0)
+    if v.is_point:  # its ends are one tensor: their parts are too
+        return NonnegRight(lo_pos, lo_neg, lo_pos, lo_neg, magnitude(v))
+    return NonnegRight(lo_pos, lo_neg, v.hi.clamp(min=0), v.hi.clamp(max=0), magnitude(v))
+
+
+def nonneg_matmul(p: Iv, v: Iv, terms: int, right: NonnegRight | None = None) -> Iv:
+    """``p @ v`` for ``p >= 0`` (probabilities): tight per-term corners, plus the FP32 accumulation bound. ``right``:
+    ``nonneg_right(v)``, made once for many products with ``v`` (made here when not given)."""
+    if right is None:
+        right = nonneg_right(v)
     plo, phi = p.lo.clamp(min=0), p.hi.clamp(min=0)
-    lo = plo @ v.lo.clamp(min=0) + phi @ v.lo.clamp(max=0)
-    hi = phi @ v.hi.clamp(min=0) + plo @ v.hi.clamp(max=0)
-    bound = gamma(terms) * (phi @ magnitude(v))
+    lo = plo @ right.lo_pos + phi @ right.lo_neg
+    hi = phi @ right.hi_pos + plo @ right.hi_neg
+    bound = gamma(terms) * (phi @ right.mag)
     return Iv(lo - bound, hi + bound, _pt(torch.matmul, p, v))
 
 

@@ -123,6 +123,38 @@ def test_bf16_matmul_lies_inside_the_matmul_interval():
         assert bool(((m.lo <= r) & (r <= m.hi)).all())
 
 
+@pytest.mark.parametrize("operands", ["points", "intervals"])
+def test_products_with_a_prepared_right_operand_enclose_every_choice_of_values(operands) -> None:
+    """``matmul`` and ``nonneg_matmul`` enclose the float64 product of any values inside their operands — sampled
+    inside and at every end — when the right operand is prepared once (``matmul_right``, ``nonneg_right``, as the
+    blocked attention replay does) and when it is not, with identical results."""
+    gen = torch.Generator().manual_seed(11)
+    a_mid, b_mid = torch.randn(6, 40, generator=gen, dtype=F64), torch.randn(40, 5, generator=gen, dtype=F64)
+    p_mid = torch.rand(6, 40, generator=gen, dtype=F64)  # probabilities: >= 0
+    width = 0.0 if operands == "points" else 0.25
+    iv = lambda m, w: I.point(m) if w == 0 else Iv(m - w * torch.rand(m.shape, generator=gen, dtype=F64),
+                                                    m + w * torch.rand(m.shape, generator=gen, dtype=F64), None)
+    a, b, p = iv(a_mid, width), iv(b_mid, width), iv(p_mid, width / 4)
+    p = Iv(p.lo.clamp(min=0), p.hi, None) if width else p
+    products = {
+        "matmul": (I.matmul(a, b, 40), I.matmul(a, b, 40, I.matmul_right(b, a.is_point)), a, b),
+        "nonneg": (I.nonneg_matmul(p, b, 40), I.nonneg_matmul(p, b, 40, I.nonneg_right(b)), p, b),
+    }
+    for name, (plain, prepared, left, right) in products.items():
+        assert torch.equal(plain.lo, prepared.lo) and torch.equal(plain.hi, prepared.hi), name
+        choices = [(left.lo, right.lo), (left.lo, right.hi), (left.hi, right.lo), (left.hi, right.hi)]
+        for _ in range(20):  # values inside both operands
+            t, u = torch.rand(left.lo.shape, generator=gen, dtype=F64), torch.rand(right.lo.shape, generator=gen,
+                                                                                   dtype=F64)
+            choices.append((left.lo + t * (left.hi - left.lo), right.lo + u * (right.hi - right.lo)))
+        for x, y in choices:
+            r = x @ y
+            assert bool(((prepared.lo <= r) & (r <= prepared.hi)).all()), name
+        # the exact range: each term's extremes are at its operands' ends, the terms independent
+        terms = torch.stack([x.unsqueeze(-1) * y.unsqueeze(0) for x in (left.lo, left.hi) for y in (right.lo, right.hi)])
+        assert bool((prepared.lo <= terms.amin(0).sum(1)).all() and (terms.amax(0).sum(1) <= prepared.hi).all()), name
+
+
 def test_silu_interval_reaches_the_minimum():
     x_min, f_min = I.minimum_of("silu-test", lambda t: t * torch.sigmoid(t), -4.0, 0.0)
     # silu'(x) = 0 means sigmoid(x) = 1 + 1/x, hence silu(x*) = x* + 1; x* = -1.2784645427610738 (W(e^-1) + 1)
@@ -202,10 +234,12 @@ def test_rne_is_one_rounding_from_float64():
     assert I.rne(mid[1:2], torch.bfloat16).item() == 1.0
 
 
-@pytest.mark.parametrize("case", ["causal", "float-mask", "bool-mask", "gqa-decode"])
+@pytest.mark.parametrize("case", ["causal", "float-mask", "bool-mask", "gqa-decode", "interval-inputs"])
 def test_attention_replayed_in_blocks_of_query_rows_equals_the_whole(monkeypatch, case) -> None:
     """Bounded memory: the attention replay in blocks of query rows (a few rows at a time here) gives the same
-    intervals, bit for bit, as replaying every row at once — causal masks offset per block, masks sliced."""
+    intervals, bit for bit, as replaying every row at once — causal masks offset per block, masks sliced, the keys'
+    and values' derived operands made once for all blocks (``interval-inputs``: ends apart, so the products take
+    their interval forms)."""
     from ulptrace.oracle import attention
     from ulptrace.oracle import intervals as I
 
@@ -213,6 +247,9 @@ def test_attention_replayed_in_blocks_of_query_rows_equals_the_whole(monkeypatch
     hq, hk, tq, tk = (4, 2, 1, 9) if case == "gqa-decode" else (2, 2, 11, 11)
     q, k, v = (torch.randn(2, h, t, 8, generator=gen).bfloat16() for h, t in ((hq, tq), (hk, tk), (hk, tk)))
     args = {"query": I.point(q), "key": I.point(k), "value": I.point(v), "is_causal": case == "causal"}
+    if case == "interval-inputs":  # ends apart (values keep both signs)
+        args.update({name: I.widen_rel(args[name], 2.0**-6, 2.0**-10) for name in ("query", "key", "value")})
+        assert not any(args[name].is_point for name in ("query", "key", "value"))
     if case == "float-mask":
         args["attn_mask"] = I.point(torch.randn(2, 1, tq, tk, generator=gen).float())
     if case in ("bool-mask", "gqa-decode"):
