@@ -135,7 +135,8 @@ def count_syncs(run) -> Counter:
 
 
 def main() -> None:
-    from bench_trace import check_workload, workload_arguments, workload_config  # this folder
+    from bench_p1_parts import timed as timed_run  # this folder
+    from bench_trace import check_workload, workload_arguments, workload_config
     from ulptrace.paths import apply_path
     from ulptrace.record import MemorySink, Recorder, recording_collector
     from ulptrace.run import build_pair, greedy, selected_sites
@@ -159,10 +160,6 @@ def main() -> None:
     timer = HookTimer(Recorder)
     real_observe = Recorder._observe
 
-    def sync() -> None:
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
     def generation(side: str, layer: str) -> None:
         model, path, forced = sides[side]
         with recording_collector(), apply_path(model, path):
@@ -179,12 +176,9 @@ def main() -> None:
                 Recorder._observe = real_observe
 
     def timed(side: str, layer: str) -> tuple[float, float, int]:
-        sync()
         timer.seconds, timer.calls = 0.0, 0
-        start = time.perf_counter()
-        generation(side, layer)
-        sync()
-        return time.perf_counter() - start, timer.seconds, timer.calls
+        wall = timed_run(functools.partial(generation, side, layer), args.device)
+        return wall, timer.seconds, timer.calls
 
     try:
         for side in sides:  # warm-up

@@ -308,9 +308,8 @@ def _storage_key(t: torch.Tensor) -> int | None:
     """Where ``t``'s storage begins, when ``t`` is a dense tensor of torch's own type (``_plain``) whose values are its
     memory read in order — contiguous, no lazy conjugation or negation (a ``conj()`` view shares its base's memory but
     not its values), so a view of a copy of that memory holds them; else None. The recorder keeps and finds copies by
-    it (``Recorder._copy_once``); it runs for every observed value, so its tests are written out in one expression."""
-    if type(t) is torch.Tensor and t.layout is torch.strided and t.is_contiguous() and not t.is_conj() \
-            and not t.is_neg():
+    it (``Recorder._copy_once``)."""
+    if _plain(t) and t.is_contiguous() and not t.is_conj() and not t.is_neg():
         return t.untyped_storage().data_ptr()
     return None
 
