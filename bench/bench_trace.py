@@ -4,7 +4,8 @@
   less model building — over the two untraced generations of the same work;
 - P2: ULP statistics (distance + histogram + differing count + max) of two large BF16 tensors that differ,
   as a share of a plain copy's bandwidth on the same device;
-- P3: ``onset`` with the oracle over the same two untraced generations;
+- P3: ``onset`` with the oracle over its two untraced generations (2 x 32 tokens, 4 steps, the GPU goal's work; the
+  issue's CPU figure with the oracle is P1's work: ``--oracle-prompts 8 --oracle-prompt-len 128 --oracle-new-tokens 16``);
 - P5: peak memory of the traced onset over the untraced pair (GPU: allocator peak; CPU: not measured).
 
 P1 is measured cold (the first traced run pays one-time costs such as Triton's compilation of the statistics
@@ -308,6 +309,9 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_arguments(p)
+    p.add_argument("--oracle-prompts", type=int, default=2,
+                   help="P3's prompts (with --oracle-prompt-len 128 --oracle-new-tokens 16 and 8 of them: the "
+                        "issue's CPU figure with the oracle, on P1's workload)")
     p.add_argument("--oracle-prompt-len", type=int, default=32)
     p.add_argument("--oracle-new-tokens", type=int, default=4)
     p.add_argument("--stats-mib", type=int, default=64)
@@ -337,6 +341,9 @@ def main() -> None:
     check_workload(p, args)
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
+    if min(args.oracle_prompts, args.oracle_prompt_len, args.oracle_new_tokens) < 1:
+        p.error(f"--oracle-prompts, --oracle-prompt-len and --oracle-new-tokens take counts >= 1, but got "
+                f"{args.oracle_prompts}, {args.oracle_prompt_len} and {args.oracle_new_tokens}")
     if args.judge_workers < 0:
         p.error(f"--judge-workers must be >= 0 (0: judged in this process), but got {args.judge_workers}")
     if args.part_mib is not None:
@@ -351,19 +358,29 @@ def main() -> None:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
+    try:  # as the console scripts have it (an older commit's package, for --reports-only, may lack it)
+        from ulptrace.host_memory import keep_freed_memory
+    except ImportError:
+        host_malloc = "as the process started (ulptrace.host_memory not in this package)"
+    else:
+        host_malloc = keep_freed_memory()
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
+                              "host_malloc": host_malloc,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
                               "part_mib": args.part_mib,
                               "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
-                                           "new_tokens": args.new_tokens}}
+                                           "new_tokens": args.new_tokens},
+                              "oracle_workload": {"prompts": args.oracle_prompts, "prompt_len": args.oracle_prompt_len,
+                                                  "new_tokens": args.oracle_new_tokens}}
+    print(f"host malloc: {host_malloc}", flush=True)
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
             "reference_memory": args.reference_memory,
             **({"concurrent": True if args.concurrent == "on" else "auto"} if args.concurrent else {})}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
-    cfg3 = RunConfig(**base, prompts=2, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
+    cfg3 = RunConfig(**base, prompts=args.oracle_prompts, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
                      **({"judge_workers": args.judge_workers} if args.judge_workers else {}))
     if args.reports_only:
         if not args.reports:
@@ -427,7 +444,7 @@ def main() -> None:
         warm3 = [traced(cfg3, None, "P3-warm")[0] for _ in range(args.warm_repeats)]
         out["P3"] = {"untraced_pair_s": pair3, "onset_s": seconds3, "ratio": seconds3 / pair3,
                      "warm_onset_all_s": warm3, "warm_ratio": min(warm3) / pair3}
-        print(f"P3 onset with oracle 2x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps"
+        print(f"P3 onset with oracle {args.oracle_prompts}x{args.oracle_prompt_len}, {args.oracle_new_tokens} steps"
               f"{f', judged in {args.judge_workers} processes' if args.judge_workers else ''}: {seconds3:.2f} s vs "
               f"untraced pair {pair3:.2f} s = {seconds3 / pair3:.1f}x cold, {min(warm3):.2f} s = "
               f"{min(warm3) / pair3:.1f}x warm (least of {len(warm3)})", flush=True)

@@ -308,9 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def console() -> None:
     """The ``trace_norm_rounding`` console script: :func:`main`, then the process ends without the interpreter's
-    teardown (``ulptrace.exiting``)."""
+    teardown (``ulptrace.exiting``); host memory freed by one op is kept for the next (``ulptrace.host_memory``)."""
     from ulptrace.exiting import exit_now
+    from ulptrace.host_memory import keep_freed_memory
 
+    keep_freed_memory()
     exit_now(main())
 
 

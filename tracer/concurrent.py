@@ -43,6 +43,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 import torch
+from ulptrace.host_memory import keep_freed_memory
 from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
@@ -52,8 +53,8 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
+    end_helper,
     end_processes,
-    exit_now,
     model_key,
     note_unsent,
     pack,
@@ -165,8 +166,9 @@ def from_start(cfg: Any) -> str | None:
 def serve(commands: Any, out: Any, acks: Any) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
-    stop, it ends at once (``processes.exit_now``: nothing is left to flush — every message was taken)."""
+    stop, it ends at once (``processes.end_helper``: nothing is left to flush — every message was taken)."""
     note_unsent(out, _SENT_ERRORS)
+    keep_freed_memory()  # as the command that started it (ulptrace.host_memory)
     models: dict[tuple, Any] = {}
     runs = 0
     serving_at = imported_at = time.perf_counter()  # this process's interpreter and imports (torch, this module)
@@ -178,7 +180,7 @@ def serve(commands: Any, out: Any, acks: Any) -> None:
         runs += 1
         _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at))
     models.clear()  # the parent's twin, its memory shared: released before this process ends
-    exit_now(out)
+    end_helper(out)
 
 
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send

@@ -3,7 +3,7 @@
 Why: once a command's work is done and its output written, CPython's finalization still tears down every module and
 object it made — torch's, transformers', a model's, the CUDA context — which took 1.2-1.4 s after a small onset's
 4-5 s on a 2-core host (``bench/RESULTS.md``, twenty-sixth round), and 2-3 s after each command on the H200's host.
-Helper processes end the same way (``ulptrace.processes.exit_now``).
+Helper processes end the same way (``ulptrace.processes.end_helper``).
 
 Nothing is lost by it: the exit handlers run first (``atexit``: the kept helper processes are stopped,
 multiprocessing's children joined, logging flushed), then stdout and stderr are flushed; where a thread that is not

@@ -38,6 +38,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 import torch
+from ulptrace.host_memory import keep_freed_memory
 from ulptrace.paths import is_user_path
 from ulptrace.processes import (
     GUARD,
@@ -46,8 +47,8 @@ from ulptrace.processes import (
     Unpacked,
     child_get,
     child_put,
+    end_helper,
     end_processes,
-    exit_now,
     model_key,
     note_unsent,
     pack,
@@ -80,6 +81,7 @@ def _serve(commands: Any, answers: Any) -> None:
     undoes the path; None stops. Any failure is answered as ``("error", traceback, pickled exception)``, after which
     the parent stops this process."""
     note_unsent(answers, _SENT_ERRORS)
+    keep_freed_memory()  # as the command that started it (ulptrace.host_memory)
     torch.set_num_threads(1)  # N of them judge at once, each bound by its op dispatch: intra-op threads only contend
     model: Any = None
     judge: Any = None
@@ -119,7 +121,7 @@ def _serve(commands: Any, answers: Any) -> None:
             child_put(answers, ("error", traceback.format_exc(), pickled_error(exc)))
     judge = model = None  # the parent's twin, its memory shared: released before this process ends
     stack.close()
-    exit_now(answers)
+    end_helper(answers)
 
 
 class _Workers:

@@ -87,7 +87,7 @@ def child_put(queue: Any, item: Any) -> None:
                 raise Orphaned(0) from None
 
 
-def exit_now(out: Any) -> None:
+def end_helper(out: Any) -> None:
     """End a helper process at once, its outgoing queue ``out`` flushed (``os._exit``: the interpreter's teardown of
     torch and CUDA would take a second or more of the parent's exit). The caller drops what it holds of memory the
     parent shared first; collected here, so that the parent's CUDA IPC counts are released (a producer whose consumer
@@ -102,7 +102,7 @@ def exit_now(out: Any) -> None:
 def end_processes(processes: list[Any], queues: list[Any], *, ask: list[Any] | None = None) -> None:
     """In the parent: end helper ``processes`` and close their ``queues``. With ``ask`` (their command queues, in the
     same order) each one still alive is sent None — it leaves its loop and ends as a helper does
-    (:func:`exit_now`) — and given a few polls to; any still alive then (busy, failed, or not asked) is killed. What the
+    (:func:`end_helper`) — and given a few polls to; any still alive then (busy, failed, or not asked) is killed. What the
     queues still hold for them is dropped."""
     if ask is not None:
         for process, queue in zip(processes, ask):

@@ -183,7 +183,7 @@ def test_a_judging_process_holds_nothing_of_the_parents_model_when_it_ends(monke
         gc.collect()
         held.append(alive() is not None)
 
-    monkeypatch.setattr(judging, "exit_now", ending)
+    monkeypatch.setattr(judging, "end_helper", ending)
     threads = torch.get_num_threads()
     try:
         judging._serve(commands, answers)
