@@ -185,3 +185,48 @@ static void count_rows(const double* dv, int fill, int nonfinite, int64_t* row_c
 DEFINE_STATS(ulptrace_stats_8, int8_t, int32_t, -1)
 DEFINE_STATS(ulptrace_stats_16, int16_t, int32_t, 7)
 DEFINE_STATS(ulptrace_stats_32, int32_t, int64_t, 23)
+
+/* Float64 values x[0..n) to FP32, into out, the way the oracle's roundings take them (ulptrace.oracle.intervals):
+ * mode 0 the largest FP32 value <= x, mode 1 the smallest >= x, mode 2 rounded to odd (toward zero, the last bit set
+ * where inexact: after it one FP32 -> BF16/FP16 cast is the single RNE). Each starts from the cast (RNE, as torch's
+ * .to(float32)) and steps one FP32 value by its bit pattern where the cast went the wrong way — what torch.nextafter
+ * toward -inf, +inf or 0 gives; NaN is never stepped and keeps the cast's bits. Branch-free loops (selects), so
+ * that they vectorize: torch.where's loop on the CPU branches per element, and a data-dependent mask made it ~10x
+ * slower than an arithmetic op. */
+static inline uint32_t f32_bits(float y) {
+    uint32_t u;
+    memcpy(&u, &y, sizeof u);
+    return u;
+}
+
+static inline float f32_of(uint32_t u) {
+    float y;
+    memcpy(&y, &u, sizeof y);
+    return y;
+}
+
+void ulptrace_to_fp32(const double* x, float* out, int64_t n, int mode) {
+    if (mode == 0) {
+        for (int64_t i = 0; i < n; ++i) {
+            float y = (float)x[i];
+            uint32_t u = f32_bits(y);
+            uint32_t down = u == 0 ? 0x80000001u : (u >> 31) ? u + 1 : u - 1;  /* +0 steps to -min_subnormal */
+            out[i] = f32_of((double)y > x[i] ? down : u);
+        }
+    } else if (mode == 1) {
+        for (int64_t i = 0; i < n; ++i) {
+            float y = (float)x[i];
+            uint32_t u = f32_bits(y);
+            uint32_t up = u == 0x80000000u ? 1u : (u >> 31) ? u - 1 : u + 1;  /* -0 steps to +min_subnormal */
+            out[i] = f32_of((double)y < x[i] ? up : u);
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) {
+            float y = (float)x[i];
+            double back = (double)y;
+            uint32_t u = f32_bits(y);
+            u = fabs(back) > fabs(x[i]) ? u - 1 : u;  /* toward zero: a nonzero y's magnitude one step down */
+            out[i] = f32_of(back != x[i] && x[i] == x[i] ? u | 1u : u);  /* inexact (never NaN): the odd bit */
+        }
+    }
+}

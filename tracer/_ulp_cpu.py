@@ -1,5 +1,5 @@
-"""One-pass ULP statistics on the CPU: a small C function (``_ulp_cpu.c``) compiled on first use and called
-through ctypes.
+"""One-pass ULP statistics on the CPU, and the oracle's roundings to FP32: small C functions (``_ulp_cpu.c``)
+compiled on first use and called through ctypes.
 
 The torch path of ``ulptrace.ulp.record_stats`` makes a dozen elementwise passes over a record per statistic;
 on a CPU that is most of what tracing costs. This reads both bit-pattern arrays once and fills the CUDA kernel's
@@ -10,6 +10,11 @@ be faster; ``-fno-trapping-math`` lets their selects vectorize) and cached under
 ``$ULPTRACE_CACHE``) by a hash of the source, the flags and the processor (``_processor``), so a cache shared
 between machines never hands one a library built for another's instructions. Where it cannot be built, :func:`library`
 is None, :func:`unavailable_reason` says why, and the torch path serves (same results, slower).
+
+:func:`to_fp32` rounds float64 values to FP32 down, up or to odd, as the oracle's interval replay does at every
+rounding point (``ulptrace.oracle.intervals``): the same bits as its torch operations — a cast, a comparison, a
+``nextafter`` and a ``where`` whose CPU loop branches per element — in one vectorized pass (a tiny-qwen3.5 onset with
+the oracle, 8 x 128 tokens: ~10% less time, ``bench/RESULTS.md``, twenty-eighth round).
 
 A large pair (:data:`PARALLEL_ELEMENTS` or more) is split into contiguous parts — whole rows, or any elements
 when the row statistics are not asked for — computed on ``torch.get_num_threads()`` threads (ctypes releases
@@ -88,6 +93,8 @@ def _build() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, i64, i64, i64, i64, i64, i32, i32, i32, p]
         fn.restype = None
+    lib.ulptrace_to_fp32.argtypes = [p, p, i64, i32]
+    lib.ulptrace_to_fp32.restype = None
     return lib
 
 
@@ -151,6 +158,31 @@ def stats(a: torch.Tensor, b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int
     merged[20] = outs[:, 20].max()  # the largest finite distance
     merged[30] = outs[:, 30].max()  # the largest row distance: non-negative doubles order like their bit patterns
     return merged.tolist()
+
+
+TO_FP32_MODES = {"down": 0, "up": 1, "odd": 2}
+
+
+def to_fp32(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """Float64 CPU tensor ``x`` to FP32 in one pass (``ulptrace_to_fp32``): ``"down"`` the largest FP32 value <= each
+    element, ``"up"`` the smallest >= it, ``"odd"`` rounded to odd — bit for bit what the oracle's torch operations give
+    (``ulptrace.oracle.intervals``: a cast, a comparison, a ``nextafter`` and a ``where``, whose CPU loop branches per
+    element). A new contiguous float32 tensor of ``x``'s shape.
+
+    Raises:
+        RuntimeError: :func:`library` is None.
+        ValueError: ``x`` is not a float64 CPU tensor, or ``mode`` is none of :data:`TO_FP32_MODES`.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the compiled CPU loops are unavailable: {unavailable_reason()}")
+    if x.dtype != torch.float64 or x.device.type != "cpu" or mode not in TO_FP32_MODES:
+        raise ValueError(f"to_fp32 takes a float64 CPU tensor and a mode of {sorted(TO_FP32_MODES)}, but got "
+                         f"{x.dtype} on {x.device} and {mode!r}")
+    x = x.contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.ulptrace_to_fp32(x.data_ptr(), out.data_ptr(), x.numel(), TO_FP32_MODES[mode])
+    return out
 
 
 @functools.cache

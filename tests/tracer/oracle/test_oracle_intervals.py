@@ -14,12 +14,25 @@ from ulptrace.ulp import round_to
 F64 = torch.float64
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def rounding(request, monkeypatch) -> str:
+    """Each rounding test on both CPU paths: the compiled loop (``ulptrace._ulp_cpu.to_fp32``; CI has a C compiler)
+    and the torch operations it stands in for."""
+    from ulptrace import _ulp_cpu
+
+    if request.param == "compiled":
+        assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
+    else:
+        monkeypatch.setattr(I, "_compiled", lambda x: False)
+    return request.param
+
+
 def iv(values, lo=None, hi=None) -> Iv:
     x = torch.tensor(values, dtype=F64)
     return Iv(x if lo is None else torch.tensor(lo, dtype=F64), x if hi is None else torch.tensor(hi, dtype=F64), x)
 
 
-def test_bf16_rounding_admits_the_double_rounding_through_fp32():
+def test_bf16_rounding_admits_the_double_rounding_through_fp32(rounding):
     # 1 + 2**-8 is the midpoint between BF16's 1.0 and 1 + 2**-7. Just above it, a single RNE gives 1 + 2**-7,
     # but an FP32 opmath result rounds onto the midpoint first and then ties to even, 1.0.
     x = 1 + 2.0**-8 + 2.0**-30
@@ -31,7 +44,7 @@ def test_bf16_rounding_admits_the_double_rounding_through_fp32():
     assert r.lo.item() == r.hi.item() == 1.0
 
 
-def test_fp32_rounding_is_outward():
+def test_fp32_rounding_is_outward(rounding):
     exact = I.round_iv(iv([1.5]), torch.float32)
     assert exact.lo.item() == exact.hi.item() == 1.5 and exact.is_point
     r = I.round_iv(iv([1 / 3]), torch.float32)
@@ -39,7 +52,7 @@ def test_fp32_rounding_is_outward():
     assert r.pt.item() == float.fromhex("0x1.555556p-2")  # RNE of 0x1.5555555...p-2
 
 
-def test_outward_rounding_steps_from_zeros_subnormals_and_the_largest_finite_value():
+def test_outward_rounding_steps_from_zeros_subnormals_and_the_largest_finite_value(rounding):
     """Hand-derived FP32 neighbours (the rounding's stepping targets are made once per dtype and device)."""
     tiny = 2.0**-149  # FP32's smallest subnormal
     fmax = float.fromhex("0x1.fffffep127")
@@ -52,7 +65,7 @@ def test_outward_rounding_steps_from_zeros_subnormals_and_the_largest_finite_val
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_a_point_of_fp32_values_rounds_to_a_point(dtype) -> None:
+def test_a_point_of_fp32_values_rounds_to_a_point(dtype, rounding) -> None:
     """A point whose elements are all FP32 values stays a point: FP32 keeps it, BF16/FP16 round each value once
     (ground truth: numpy / ml_dtypes casts from float32); a point with one element that is not an FP32 value takes
     the outward path (FP32: a proper interval around it)."""
@@ -215,7 +228,7 @@ def test_interval_products_take_all_corners():
     assert r.lo[0].item() == -math.inf and r.hi[0].item() == math.inf and r.lo[1].item() == 0.5
 
 
-def test_rne_is_one_rounding_from_float64():
+def test_rne_is_one_rounding_from_float64(rounding):
     torch.manual_seed(3)
     # random float64 bit patterns over a wide range, plus values just off BF16/FP16 midpoints
     x = torch.randn(200_000, dtype=F64) * torch.exp2(torch.randint(-140, 120, (200_000,)).to(F64))
@@ -232,6 +245,54 @@ def test_rne_is_one_rounding_from_float64():
         assert bool(same.all()), dtype
     assert I.rne(mid[:1], torch.bfloat16).item() == 1 + 2.0**-7
     assert I.rne(mid[1:2], torch.bfloat16).item() == 1.0
+
+
+def test_the_compiled_roundings_give_the_torch_operations_bits() -> None:
+    """``_down32``, ``_up32`` and ``rne``'s round-to-odd on the CPU, compiled against the torch operations, bit for
+    bit (NaN payloads and signed zeros included): the edges — zeros, subnormals, FP32's largest value and beyond, the
+    infinities, NaNs of both signs — and random float64 bit patterns over the whole range, float64 values near FP32
+    ones, and FP32 values themselves, in a non-contiguous view too."""
+    from ulptrace import _ulp_cpu
+
+    assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
+    tiny, fmax = 2.0**-149, float.fromhex("0x1.fffffep127")
+    edges = [0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, tiny, -tiny, tiny / 2, -tiny / 2, tiny * 1.5,
+             -tiny * 1.5, 1e-50, -1e-50, 2.0**-126, -(2.0**-126), fmax, -fmax, fmax * (1 + 2.0**-30),
+             -fmax * (1 + 2.0**-30), float.fromhex("0x1.ffffffp127"), -float.fromhex("0x1.ffffffp127"), 1e300, -1e300,
+             1 + 2.0**-24, -(1 + 2.0**-24), 1 + 2.0**-30, -(1 + 2.0**-30), 1 + 2.0**-8 + 2.0**-30]
+    g = torch.Generator().manual_seed(5)
+    patterns = torch.randint(-(2**63), 2**63 - 1, (50_000,), generator=g).view(F64)  # NaN payloads among them
+    near = torch.randn(50_000, generator=g, dtype=F64).to(torch.float32).to(F64) * (1 + 2.0**-40)
+    fp32 = torch.randn(50_000, generator=g, dtype=F64).to(torch.float32).to(F64)
+    x = torch.cat([torch.tensor(edges, dtype=F64), patterns, near, fp32])
+
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+
+    for view in (x, x[::2]):  # and every other element (strided)
+        compiled = [I._down32(view), I._up32(view), I.rne(view, torch.bfloat16), I.rne(view, torch.float16)]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(I, "_compiled", lambda t: False)
+            plain = [I._down32(view), I._up32(view), I.rne(view, torch.bfloat16), I.rne(view, torch.float16)]
+        for got, want in zip(compiled, plain, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            same = bits(got.to(torch.float32) if got.dtype == F64 else got) == bits(
+                want.to(torch.float32) if want.dtype == F64 else want)
+            assert bool(same.all()), view[~same][:5].tolist()
+    # hand-derived: the neighbours of 1 + 2**-30 and of a value just below -0.0
+    assert I._down32(torch.tensor([1 + 2.0**-30, -1e-50], dtype=F64)).view(torch.int32).tolist() == [0x3F800000,
+                                                                                                     -0x7FFFFFFF]
+    assert I._up32(torch.tensor([1 + 2.0**-30, -1e-50], dtype=F64)).view(torch.int32).tolist() == [0x3F800001,
+                                                                                                   -0x80000000]
+
+
+def test_the_compiled_rounding_refuses_what_it_does_not_round() -> None:
+    from ulptrace import _ulp_cpu
+
+    with pytest.raises(ValueError, match="float64 CPU tensor and a mode of .*but got torch.float32 on cpu and 'down'"):
+        _ulp_cpu.to_fp32(torch.ones(2), "down")
+    with pytest.raises(ValueError, match="but got torch.float64 on cpu and 'nearest'"):
+        _ulp_cpu.to_fp32(torch.ones(2, dtype=F64), "nearest")
 
 
 @pytest.mark.parametrize("case", ["causal", "float-mask", "bool-mask", "gqa-decode", "interval-inputs"])
