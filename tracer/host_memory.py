@@ -48,13 +48,16 @@ def _apply() -> str:
         libc = ctypes.CDLL(None)
         version = libc.gnu_get_libc_version
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no such symbol (musl, macOS), no process handle (Windows)
         return "malloc left as it is: the C library is not glibc"
     version.restype = ctypes.c_char_p
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     # setting either ends glibc's adaptive thresholds (which would move the mmap one up to a freed block's size, and the
     # trim one to twice that): both are set
-    if not (mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)):
-        return f"malloc left as it is: glibc {version().decode()} refused the thresholds"
+    refused = [name for name, number, value in (("mmap", _M_MMAP_THRESHOLD, MMAP_THRESHOLD),
+                                                ("trim", _M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+               if not mallopt(number, value)]
+    if refused:
+        return f"glibc {version().decode()} malloc refused the {' and '.join(refused)} threshold"
     return (f"glibc {version().decode()} malloc: blocks under {MMAP_THRESHOLD >> 20} MiB reused from the heap, "
             f"its free top kept up to {TRIM_THRESHOLD >> 20} MiB")

@@ -107,3 +107,31 @@ def test_a_helper_process_makes_it_when_it_starts(module: str, entry: str, monke
     finally:
         torch.set_num_threads(threads)
     assert calls == ["made", "ended"]
+
+
+class _FakeLibc:
+    """A C library as ctypes shows it: glibc's two functions (``mallopt`` refusing ``refuse``), or neither."""
+
+    def __init__(self, glibc: bool, refuse: tuple[int, ...] = ()) -> None:
+        self.asked: list[tuple[int, int]] = []
+        if glibc:
+            self.gnu_get_libc_version = lambda: b"9.99"
+            self.mallopt = lambda number, value: self.asked.append((number, value)) or number not in refuse
+
+
+@pytest.mark.parametrize("libc, status", [
+    (_FakeLibc(glibc=False), "malloc left as it is: the C library is not glibc"),
+    (_FakeLibc(glibc=True, refuse=(-1,)), "glibc 9.99 malloc refused the trim threshold"),
+    (_FakeLibc(glibc=True, refuse=(-3, -1)), "glibc 9.99 malloc refused the mmap and trim threshold"),
+    (_FakeLibc(glibc=True), "glibc 9.99 malloc: blocks under 32 MiB reused from the heap, its free top kept up to 128 MiB"),
+])
+def test_what_it_says_for_another_library_or_a_refusal(libc, status: str, monkeypatch) -> None:
+    """Said, never raised: the settings only make judging faster. Run on a stand-in library (nothing is set here)."""
+    from ulptrace import host_memory
+
+    for name in [*host_memory._USER_VARIABLES, "GLIBC_TUNABLES"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda name: libc)
+    assert host_memory._apply() == status
+    if hasattr(libc, "mallopt"):
+        assert libc.asked == [(-3, 32 << 20), (-1, 128 << 20)]  # mallopt's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD
