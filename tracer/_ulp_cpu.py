@@ -179,7 +179,7 @@ def to_fp32(x: torch.Tensor, mode: str) -> torch.Tensor:
     if x.dtype != torch.float64 or x.device.type != "cpu" or mode not in TO_FP32_MODES:
         raise ValueError(f"to_fp32 takes a float64 CPU tensor and a mode of {sorted(TO_FP32_MODES)}, but got "
                          f"{x.dtype} on {x.device} and {mode!r}")
-    x = x.contiguous()
+    x = x.resolve_neg().contiguous()  # the memory as the values are (a lazily negated view is not)
     out = torch.empty(x.shape, dtype=torch.float32)
     lib.ulptrace_to_fp32(x.data_ptr(), out.data_ptr(), x.numel(), TO_FP32_MODES[mode])
     return out

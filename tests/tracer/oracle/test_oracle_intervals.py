@@ -251,7 +251,7 @@ def test_the_compiled_roundings_give_the_torch_operations_bits() -> None:
     """``_down32``, ``_up32`` and ``rne``'s round-to-odd on the CPU, compiled against the torch operations, bit for
     bit (NaN payloads and signed zeros included): the edges — zeros, subnormals, FP32's largest value and beyond, the
     infinities, NaNs of both signs — and random float64 bit patterns over the whole range, float64 values near FP32
-    ones, and FP32 values themselves, in a non-contiguous view too."""
+    ones, and FP32 values themselves, in a strided view and a lazily negated one too."""
     from ulptrace import _ulp_cpu
 
     assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
@@ -269,7 +269,7 @@ def test_the_compiled_roundings_give_the_torch_operations_bits() -> None:
     def bits(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous().view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
-    for view in (x, x[::2]):  # and every other element (strided)
+    for view in (x, x[::2], torch._neg_view(-x)):  # and every other element (strided), and a lazily negated view
         compiled = [I._down32(view), I._up32(view), I.rne(view, torch.bfloat16), I.rne(view, torch.float16)]
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(I, "_compiled", lambda t: False)
