@@ -547,10 +547,16 @@ def bits(t: torch.Tensor, *, canonical_nan: bool = False) -> torch.Tensor:
     """
     if not t.dtype.is_floating_point:
         return t
-    out = t.contiguous().view(_INT_OF_WIDTH[t.element_size()])
+    out = _values_in_memory(t).view(_INT_OF_WIDTH[t.element_size()])
     if canonical_nan:
         out = torch.where(torch.isnan(t), torch.full_like(out, -1), out)
     return out
+
+
+def _values_in_memory(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous, its memory holding its values: a lazily negated view (``x.conj().imag`` of a complex ``x``)
+    keeps the values before negation in memory, which bit patterns read as they are would take for its own."""
+    return (t.resolve_neg() if t.is_neg() else t).contiguous()
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -894,11 +900,12 @@ def pending_stats(a: torch.Tensor, b: torch.Tensor, *, rows: bool = True,
     fmt = format_of(a.dtype)
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape, but got {tuple(a.shape)} and {tuple(b.shape)}")
+    a, b = _values_in_memory(a), _values_in_memory(b)  # the compiled passes read memory as bit patterns
     n = a.numel()
     if a.is_cuda and b.device == a.device and n > 0 \
             and _triton_stats() is not None:
         # the kernel reads bit patterns through typed pointers: a contiguous tensor serves as it is (no view made)
-        pair = (a.contiguous(), b.contiguous(), fmt, rows)
+        pair = (a, b, fmt, rows)
         if batch is not None:
             return batch.add(*pair)
         single = StatsBatch()

@@ -85,6 +85,22 @@ def test_record_stats_equal_the_reference_definitions(dtype, cpu_path) -> None:
         assert tuple(rows_off)[:4] == _expected(a, b)[:4], (dtype, name, cpu_path)
 
 
+def test_a_lazily_negated_view_is_judged_by_its_values(cpu_path) -> None:
+    """``x.conj().imag`` of a complex ``x`` is a real tensor whose memory holds the values before negation: its
+    statistics and bit patterns are those of its values (read as memory, equal values were reported 8 of 8 differing
+    by > 16 ULPs, and ``bits`` raised from inside torch)."""
+    from ulptrace.ulp import bits
+
+    z = torch.complex(torch.randn(4, 8), torch.randn(4, 8))
+    view = z.conj().imag
+    assert view.is_neg()
+    plain = view.clone()  # the same values, negated in memory
+    assert not plain.is_neg() and torch.equal(bits(view), bits(plain))
+    stats = record_stats(view, plain)
+    assert stats.equal and stats.differing == 0 and stats.histogram["0"] == 32
+    assert tuple(record_stats(view, -z.imag + 2.0 ** -20)) == _expected(plain, -z.imag + 2.0 ** -20)
+
+
 @pytest.mark.parametrize("shape", [(37, 7), (24, 32), (9, 256), (3, 513), (1, 1000), (700,), (5, 1)], ids=str)
 def test_record_stats_across_blocks_and_row_buffers(shape, cpu_path) -> None:
     """The compiled pass takes elements in blocks of 256 and buffers short rows' distances to 256 before counting them
