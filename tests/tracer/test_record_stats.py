@@ -86,19 +86,20 @@ def test_record_stats_equal_the_reference_definitions(dtype, cpu_path) -> None:
 
 
 def test_a_lazily_negated_view_is_judged_by_its_values(cpu_path) -> None:
-    """``x.conj().imag`` of a complex ``x`` is a real tensor whose memory holds the values before negation: its
-    statistics and bit patterns are those of its values (read as memory, equal values were reported 8 of 8 differing
-    by > 16 ULPs, and ``bits`` raised from inside torch)."""
+    """A lazily negated tensor keeps its values before negation in memory (``x.conj().imag`` of a complex ``x`` is
+    one; contiguous when it has one element, or as torch's ``_neg_view`` makes it): its statistics and bit patterns
+    are those of its values (read as memory, equal values were reported 8 of 8 differing by > 16 ULPs, and ``bits``
+    raised from inside torch)."""
     from ulptrace.ulp import bits
 
-    z = torch.complex(torch.randn(4, 8), torch.randn(4, 8))
-    view = z.conj().imag
-    assert view.is_neg()
-    plain = view.clone()  # the same values, negated in memory
-    assert not plain.is_neg() and torch.equal(bits(view), bits(plain))
-    stats = record_stats(view, plain)
-    assert stats.equal and stats.differing == 0 and stats.histogram["0"] == 32
-    assert tuple(record_stats(view, -z.imag + 2.0 ** -20)) == _expected(plain, -z.imag + 2.0 ** -20)
+    x = torch.randn(4, 8)
+    z = torch.complex(torch.ones(1), torch.tensor([0.3]))
+    for view, plain in ((torch._neg_view(x), -x), (z.conj().imag, -z.imag)):
+        assert view.is_neg() and view.is_contiguous() and not plain.is_neg()
+        assert torch.equal(bits(view), bits(plain))
+        stats = record_stats(view, plain)
+        assert stats.equal and stats.differing == 0 and stats.histogram["0"] == plain.numel()
+        assert tuple(record_stats(view, plain + 2.0 ** -20)) == _expected(plain, plain + 2.0 ** -20)
 
 
 @pytest.mark.parametrize("shape", [(37, 7), (24, 32), (9, 256), (3, 513), (1, 1000), (700,), (5, 1)], ids=str)
