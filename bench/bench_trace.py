@@ -228,6 +228,17 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
     return seconds, peak, concurrent
 
 
+def as_the_commands() -> str:
+    """This process's host memory kept for reuse as the console scripts keep theirs (``ulptrace.host_memory``), so that
+    what a benchmark times in one process is what a command does; one line saying what holds (an older commit's
+    package, run for its reports, may lack the module)."""
+    try:
+        from ulptrace.host_memory import keep_freed_memory
+    except ImportError:
+        return "as the process started (ulptrace.host_memory not in this package)"
+    return keep_freed_memory()
+
+
 def where_kept(concurrent: str | None, process: dict) -> str:
     """Where P5's onset kept the reference's records, in words."""
     if not process:
@@ -358,12 +369,7 @@ def main() -> None:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
     if args.reports:
         args.reports.mkdir(parents=True, exist_ok=True)
-    try:  # as the console scripts have it (an older commit's package, for --reports-only, may lack it)
-        from ulptrace.host_memory import keep_freed_memory
-    except ImportError:
-        host_malloc = "as the process started (ulptrace.host_memory not in this package)"
-    else:
-        host_malloc = keep_freed_memory()
+    host_malloc = as_the_commands()
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "host_malloc": host_malloc,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
