@@ -144,7 +144,7 @@ def _toward(y: torch.Tensor, target: bytes) -> torch.Tensor:
 def _compiled(x: torch.Tensor) -> bool:
     """Whether the compiled CPU loop (``ulptrace._ulp_cpu.to_fp32``) rounds ``x``: float64 on the CPU, where a C
     compiler built it. It gives the same bits as the torch operations below, in one pass instead of five (whose
-    ``where`` branches per element on the CPU: a third of a record's rounding time)."""
+    ``where`` branches per element on the CPU: with a mask that depends on the data, 12-16x a multiply's time)."""
     return x.dtype == F64 and x.device.type == "cpu" and _ulp_cpu.library() is not None
 
 
