@@ -193,9 +193,16 @@ def _require_tensor(x: object, name: str) -> torch.Tensor:
     return x
 
 
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with its memory holding its values: a lazily negated view (``x.conj().imag`` of a complex ``x``) keeps
+    the values before negation in memory, which bit patterns read as they are would take for its own (and torch
+    refuses to view it as integers)."""
+    return t.resolve_neg() if t.is_neg() else t
+
+
 def _unsigned_bits(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     """The bit patterns of ``x`` as non-negative int64 (``0 .. 2**bits - 1``)."""
-    bits = x.view(fmt.int_dtype).to(torch.int64)
+    bits = _resolved(x).view(fmt.int_dtype).to(torch.int64)
     return bits & ((1 << fmt.bits) - 1)
 
 
@@ -229,10 +236,14 @@ def ordering_key(x: torch.Tensor) -> torch.Tensor:
 
 
 def _key_and_magnitude(x: torch.Tensor, fmt: FloatFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """(:func:`ordering_key`, the magnitude bits) of ``x``, from one read of its bit patterns."""
-    bits = _unsigned_bits(x, fmt)
-    magnitude = bits & fmt.magnitude_mask
-    return torch.where(bits >= fmt.sign_bit, -magnitude, magnitude), magnitude
+    """(:func:`ordering_key`, the magnitude bits) of ``x``, from one read of its bit patterns: widened with their
+    sign, the sign bit fills an int64 (-1 for a negative value, else 0), and ``(magnitude ^ s) - s`` negates the
+    magnitude where it is -1 — arithmetic, no ``where`` (whose CPU loop branches per element, and here the signs are
+    the data's)."""
+    signed = _resolved(x).view(fmt.int_dtype).to(torch.int64)
+    magnitude = signed & fmt.magnitude_mask
+    sign = signed >> 63
+    return (magnitude ^ sign) - sign, magnitude
 
 
 def from_ordering_key(key: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -554,9 +565,8 @@ def bits(t: torch.Tensor, *, canonical_nan: bool = False) -> torch.Tensor:
 
 
 def _values_in_memory(t: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous, its memory holding its values: a lazily negated view (``x.conj().imag`` of a complex ``x``)
-    keeps the values before negation in memory, which bit patterns read as they are would take for its own."""
-    return (t.resolve_neg() if t.is_neg() else t).contiguous()
+    """``t`` contiguous, its memory holding its values (:func:`_resolved`): what a compiled pass reads."""
+    return _resolved(t).contiguous()
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

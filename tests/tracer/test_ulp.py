@@ -632,3 +632,15 @@ def test_cuda_matches_cpu(dtype: torch.dtype) -> None:
     values = torch.randn(10000, dtype=torch.float64) * torch.exp2(torch.randint(-40, 40, (10000,)).double())
     assert same(round_to(values, dtype), round_to(values.cuda(), dtype).cpu())
     assert ulp_histogram(gpu) == ulp_histogram(cpu)
+
+
+def test_ordering_keys_and_distances_of_a_lazily_negated_view_are_those_of_its_values() -> None:
+    """``x.conj().imag`` of a complex ``x`` is a real tensor, strided and lazily negated (its memory holds the values
+    before negation): its keys, distances and neighbours are those of its values, not an error from inside torch."""
+    z = torch.complex(torch.randn(16), torch.randn(16))
+    view, plain = z.conj().imag, -z.imag
+    assert view.is_neg() and not plain.is_neg()
+    assert torch.equal(ordering_key(view), ordering_key(plain))
+    other = plain + 2.0**-20
+    assert torch.equal(ulp_distance(view, other).distance, ulp_distance(plain, other).distance)
+    assert torch.equal(next_up(view), next_up(plain)) and torch.equal(next_down(view), next_down(plain))
