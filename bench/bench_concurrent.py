@@ -106,7 +106,6 @@ def _side(role: str, cfg, repeats: int, barrier, results) -> None:
 
 def main() -> None:
     from bench_trace import (  # this folder
-        as_the_commands,
         check_workload,
         untraced_runner,
         workload_arguments,
@@ -118,9 +117,6 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     from ulptrace.run import RunConfig
 
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,

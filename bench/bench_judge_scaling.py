@@ -59,7 +59,7 @@ def _judge_all(cfg, threads, barrier, results) -> None:
 
 
 def main() -> None:
-    from bench_trace import as_the_commands, check_workload, workload_arguments  # this folder (bench/)
+    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
@@ -70,7 +70,6 @@ def main() -> None:
     from ulptrace.run import RunConfig
 
     check_workload(p, args)  # an unknown model or path, a bad count: one line, before any process starts
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
     if min(args.workers) < 1 or args.threads < 0:
         p.error(f"--workers must be >= 1 and --threads >= 0, but got {args.workers} and {args.threads}")
 

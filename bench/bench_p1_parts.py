@@ -61,7 +61,6 @@ def timed(run, device: str) -> float:
 
 def main() -> None:
     from bench_trace import (  # this folder: run as python bench/bench_p1_parts.py
-        as_the_commands,
         check_workload,
         workload_arguments,
     )
@@ -83,9 +82,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     unknown = [name for name in args.layers if name not in LAYERS]
     if unknown:
         p.error(f"--layers takes {', '.join(LAYERS)}, but got {', '.join(unknown)}")

@@ -136,7 +136,7 @@ def count_syncs(run) -> Counter:
 
 def main() -> None:
     from bench_p1_parts import timed as timed_run  # this folder
-    from bench_trace import as_the_commands, check_workload, workload_arguments, workload_config
+    from bench_trace import check_workload, workload_arguments, workload_config
     from ulptrace.paths import apply_path
     from ulptrace.record import MemorySink, Recorder, recording_collector
     from ulptrace.run import build_pair, greedy, selected_sites
@@ -148,9 +148,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     if args.syncs and not args.device.startswith("cuda"):
         p.error(f"--syncs counts CUDA synchronisations: it needs a CUDA --device, but got {args.device!r}")
     cfg = workload_config(args, oracle=False)

@@ -29,7 +29,7 @@ class _Count(TorchDispatchMode):
 
 
 def main() -> None:
-    from bench_trace import as_the_commands, check_workload, workload_arguments  # this folder (bench/)
+    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
@@ -41,9 +41,6 @@ def main() -> None:
     from ulptrace.verdicts import OracleJudge
 
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens)
 

@@ -295,7 +295,8 @@ def workload_arguments(p: argparse.ArgumentParser, prompts: int = 8, prompt_len:
 
 def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse a workload that names nothing or cannot run, with one line (``p.error``), before any model is built:
-    an unknown model or path, a device or count the run layer rejects."""
+    an unknown model or path, a device or count the run layer rejects, a script's ``--repeats`` below 1. Then this
+    process keeps host memory as the commands do (:func:`as_the_commands`): what the script times is theirs."""
     from ulptrace.models import check_model
     from ulptrace.paths import resolve_path
 
@@ -305,6 +306,9 @@ def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
         workload_config(args).validate()
     except (KeyError, ValueError) as exc:
         p.error(str(exc.args[0] if exc.args else exc))
+    if getattr(args, "repeats", 1) < 1:
+        p.error(f"--repeats must be >= 1, but got {args.repeats}")
+    as_the_commands()
 
 
 def workload_config(args: argparse.Namespace, **fields: Any) -> Any:

@@ -43,8 +43,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     if args.rounds < 0:
         p.error(f"--rounds must be >= 0 (0: the phases in order), but got {args.rounds}")
     from ulptrace import concurrent

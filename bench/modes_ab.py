@@ -16,7 +16,6 @@ from dataclasses import replace
 
 def main() -> None:
     from bench_trace import (  # this folder
-        as_the_commands,
         check_workload,
         traced,
         untraced_runner,
@@ -30,7 +29,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, but got {args.rounds}")
     from ulptrace import concurrent

@@ -132,8 +132,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     check_workload(p, args)
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, but got {args.repeats}")
     from ulptrace.paths import apply_path
     from ulptrace.run import build_pair
 

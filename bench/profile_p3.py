@@ -14,7 +14,7 @@ import time
 
 
 def main() -> None:
-    from bench_trace import as_the_commands, check_workload, workload_arguments  # this folder (bench/)
+    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
@@ -25,7 +25,6 @@ def main() -> None:
     from ulptrace.probes.onset import run_onset
 
     check_workload(p, args)
-    as_the_commands()  # host memory kept for reuse as the console scripts keep theirs
     if args.top < 1:
         p.error(f"--top must be >= 1, but got {args.top}")
     cfg = workload_config(args)
