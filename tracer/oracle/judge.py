@@ -32,6 +32,7 @@ VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
 
 EXACT, TIE, BOUNDARY, ERROR, NONFINITE = range(5)
+assert (EXACT, TIE, BOUNDARY) == (0, 1, ERROR - 1)  # what judge_sets_stacked's sum of verdict codes relies on
 
 WORSE_THAN_TIE: tuple[str, ...] = VERDICTS[BOUNDARY:]
 """The verdicts that say a path introduced a difference of its own (``boundary``, ``error``, ``nonfinite``)."""
@@ -340,7 +341,6 @@ def judge_sets_stacked(
     # EXACT (0) where it is exact. Fewer ops than a fill per verdict, none of which branches per element on the CPU
     # (masked fills there did, on masks that follow the data), and no boolean-index assignment (on a GPU that waits
     # for the device to count the indices)
-    assert (EXACT, TIE, BOUNDARY) == (0, 1, ERROR - 1)  # what the sum relies on
     not_exact = ~exact
     tie, bad = in_set & not_exact, nonfinite & not_exact
     verdicts = torch.add(tie.view(torch.uint8), bad.view(torch.uint8), alpha=NONFINITE)
