@@ -570,17 +570,17 @@ def matmul(a: Iv, b: Iv, terms: int, right: MatmulRight | None = None) -> Iv:
     ``matmul_right(b, a.is_point)``, made once for many products with ``b`` (made here when not given)."""
     if right is None:
         right = matmul_right(b, a.is_point)
-    if a.is_point and b.is_point:
+    if a.is_point and b.is_point:  # no radius: the ends are mid -+ bound
         mid = a.lo @ right.mid
-        rad = torch.zeros((), dtype=F64, device=mid.device)
         bound = gamma(terms) * (a.lo.abs() @ right.mag)
-    else:
-        am, ar = (a.lo + a.hi) / 2, (a.hi - a.lo) / 2
-        mid = am @ right.mid
-        rad = am.abs() @ right.rad + ar @ right.spread
-        bound = gamma(terms) * (magnitude(a) @ right.mag)
-    pt = _pt(torch.matmul, a, b)
-    return Iv(mid - rad - bound, mid + rad + bound, pt)
+        # where both points are their exact replays too (inputs, weights), that replay's product is ``mid`` itself
+        pt = mid if a.pt is a.lo and b.pt is b.lo else _pt(torch.matmul, a, b)
+        return Iv(mid - bound, mid + bound, pt)
+    am, ar = (a.lo + a.hi) / 2, (a.hi - a.lo) / 2
+    mid = am @ right.mid
+    rad = am.abs() @ right.rad + ar @ right.spread
+    bound = gamma(terms) * (magnitude(a) @ right.mag)
+    return Iv(mid - rad - bound, mid + rad + bound, _pt(torch.matmul, a, b))
 
 
 class NonnegRight(NamedTuple):
