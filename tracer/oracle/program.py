@@ -485,12 +485,14 @@ class _Recorder(TorchDispatchMode):
 
 
 def _names(constant_names: Mapping[str, torch.Tensor] | torch.nn.Module | None) -> dict[str, torch.Tensor]:
+    """The named tensors, checked: only their keys (``_key``: device, dtype, storage, shape, stride) are read, so they
+    are taken as they are (not detached: an op each, for every tensor of a layer at every capture)."""
     if constant_names is None:
         return {}
     if isinstance(constant_names, torch.nn.Module):
         named = dict(constant_names.named_parameters())
         named.update(dict(constant_names.named_buffers()))
-        return {k: v.detach() for k, v in named.items()}
+        return named
     if not isinstance(constant_names, Mapping):
         raise TypeError(f"constant_names must be a dict of tensors or an nn.Module, but got "
                         f"{type(constant_names).__name__}")
@@ -498,7 +500,7 @@ def _names(constant_names: Mapping[str, torch.Tensor] | torch.nn.Module | None) 
     for name, t in constant_names.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"constant_names[{name!r}] must be a tensor, but got {type(t).__name__}")
-        out[name] = t.detach()
+        out[name] = t
     return out
 
 
