@@ -12,8 +12,8 @@ the bit patterns (no Python loops over elements):
 - :func:`spacing`, :func:`next_up`, :func:`next_down` -- the ULP at ``x`` and its neighbours;
 - :func:`round_to` -- a *single* round-to-nearest-even from float64 (or float32) to a format. torch's own
   ``double -> bfloat16/float16/float8`` casts go through float32 and can round twice; this one does not;
-- :func:`ulp_histogram`, :func:`grouped_histograms`, :func:`merge_histograms`, :func:`format_histogram` -- the
-  fixed buckets used wherever ULP statistics are shown;
+- :func:`ulp_histogram`, :func:`grouped_histograms` (:func:`grouped_ulp_histograms`), :func:`merge_histograms`,
+  :func:`format_histogram` -- the fixed buckets used wherever ULP statistics are shown;
 - :func:`ulp_stats`, :func:`record_stats` (:func:`pending_stats`, :func:`resolve_stats`) -- what a comparison
   computes per record, in one pass (a Triton kernel on CUDA, a compiled C pass on the CPU, torch elsewhere);
 - :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above;
@@ -50,6 +50,7 @@ __all__ = [
     "format_of",
     "from_ordering_key",
     "grouped_histograms",
+    "grouped_ulp_histograms",
     "merge_histograms",
     "merge_record_stats",
     "next_down",
@@ -514,6 +515,47 @@ def grouped_histograms(distance: UlpDistance, groups: torch.Tensor, n_groups: in
     code = torch.where(nan | (d < 0), torch.full_like(d, 18), d.clamp(max=17))  # 18: nonfinite
     counts = torch.bincount((groups.to(torch.int64) * 19 + code).reshape(-1), minlength=n_groups * 19)
     return [_buckets(row) for row in counts.reshape(n_groups, 19).tolist()]
+
+
+def grouped_ulp_histograms(a: torch.Tensor, b: torch.Tensor, codes: torch.Tensor, bases: torch.Tensor,
+                           n_groups: int) -> list[dict[str, int]]:
+    """:func:`grouped_histograms` of :func:`ulp_distance` ``(a, b)`` with groups given per unit: dimension 0 of ``a``,
+    ``b`` and ``codes`` (one shape) holds ``len(bases)`` equal units, and an element of unit ``u`` with code ``c`` is
+    in group ``bases[u] + c`` — a stack of records (``bases``: each unit's record's first group) and a code per
+    element (its verdict). On the CPU one compiled pass over the bit patterns (``ulptrace._ulp_cpu.grouped``), without
+    the int64 temporaries of the torch operations, which serve elsewhere (same counts, tested).
+
+    Raises:
+        TypeError: ``a`` and ``b`` differ in dtype, or it is unsupported; ``codes`` or ``bases`` is not an integer
+            tensor.
+        ValueError: the shapes differ, dimension 0 does not split into ``len(bases)`` units, or a group lies outside
+            ``0 .. n_groups - 1``.
+    """
+    for name, t in (("a", a), ("b", b), ("codes", codes), ("bases", bases)):
+        _require_tensor(t, name)
+    if a.dtype != b.dtype:
+        raise TypeError(f"a and b must have the same dtype, but got {a.dtype} and {b.dtype}")
+    fmt = format_of(a.dtype)
+    for name, t in (("codes", codes), ("bases", bases)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, but got {t.dtype}")
+    units = bases.numel()
+    if not (a.shape == b.shape == codes.shape) or bases.dim() != 1 or not units or a.numel() % units or (
+            a.dim() and a.shape[0] % units):
+        raise ValueError(f"a, b and codes must share a shape whose dimension 0 splits into the {units} units of "
+                         f"bases (1-D), but got {tuple(a.shape)}, {tuple(b.shape)}, {tuple(codes.shape)} and bases "
+                         f"{tuple(bases.shape)}")
+    if a.numel():
+        low, high = int(codes.min()) + int(bases.min()), int(codes.max()) + int(bases.max())
+        if low < 0 or high >= n_groups:
+            raise ValueError(f"groups must lie in 0 .. {n_groups - 1}, but reach {low if low < 0 else high}")
+    if a.device.type == "cpu" and codes.dtype == torch.uint8 and a.element_size() in (1, 2, 4) and \
+            _cpu_stats() is not None:
+        counts = _ulp_cpu.grouped(_values_in_memory(a), _values_in_memory(b), codes, bases.cpu(), n_groups, fmt)
+        if counts is not None:
+            return [dict(zip(HISTOGRAM_BUCKETS, row, strict=True)) for row in counts]
+    groups = (codes.reshape(units, -1).long() + bases.to(codes.device).long().unsqueeze(1)).reshape(codes.shape)
+    return grouped_histograms(ulp_distance(a, b), groups, n_groups)
 
 
 def merge_histograms(*histograms: dict[str, int]) -> dict[str, int]:

@@ -94,6 +94,76 @@ def test_grouped_histograms_equal_one_histogram_per_group() -> None:
         grouped_histograms(d, groups[:3], 5)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=str)
+def test_grouped_ulp_histograms_equal_one_histogram_per_unit_and_code(dtype, compiled, monkeypatch) -> None:
+    """Groups given per unit (a stack of records: each unit's first group, plus a code per element — a verdict) count
+    each element once, in its group's histogram of the reference definition: every format, with NaN, infinities and
+    signed zeros, distances in every bucket, codes up to 255, groups left empty, units of a few elements and many; the
+    compiled pass, the torch operations, and the torch operations again where the compiled pass declines (it returns
+    None)."""
+    from ulptrace.ulp import grouped_ulp_histograms
+
+    if not compiled:
+        monkeypatch.setattr(U, "_cpu_stats", lambda: None)
+    gen = torch.Generator().manual_seed(11)
+    units, per_unit = 37, 1031  # a block's worth and more a unit, and a remainder beyond blocks of four
+    n = units * per_unit
+    a = torch.randn(n, generator=gen).mul(4).to(dtype)
+    scale = torch.exp2(torch.randint(-12, 0, (n,), generator=gen).float())
+    b = (a.float() * (1 + scale * torch.randn(n, generator=gen))).to(dtype)
+    a[:3], b[1:4], a[5], b[5], b[6], a[7] = float("nan"), float("nan"), 0.0, -0.0, float("inf"), -float("inf")
+    a, b = a.reshape(units, per_unit), b.reshape(units, per_unit)
+    codes = torch.randint(0, 4, (units, per_unit), generator=gen, dtype=torch.uint8)
+    codes[3, :9] = 255
+    bases = torch.randint(0, 6, (units,), generator=gen) * 4
+    n_groups = 255 + 21 + 2  # the last two never hit
+    got = grouped_ulp_histograms(a, b, codes, bases, n_groups)
+    groups = codes.long() + bases.unsqueeze(1)
+    d = ulp_distance(a, b)
+    assert len(got) == n_groups
+    for g in range(n_groups):
+        hit = groups == g
+        assert got[g] == ulp_histogram(d.distance[hit], d.nan[hit]), g
+    assert sum(h["nonfinite"] for h in got) >= 4 and sum(h[">16"] for h in got) > 0
+    if compiled:  # where the compiled pass declines, the torch operations count
+        from ulptrace import _ulp_cpu
+
+        monkeypatch.setattr(_ulp_cpu, "grouped", lambda *args: None)
+        assert grouped_ulp_histograms(a, b, codes, bases, n_groups) == got
+
+
+def test_grouped_ulp_histograms_hand_derived_and_bad_input() -> None:
+    """BF16 patterns by hand: 1.0 against its neighbours 1, 2, 3 and 17 steps up, -0 against +0, the smallest
+    subnormals of both signs (2 apart), NaN; two units of three elements, groups 10 + code; then the errors."""
+    from ulptrace.ulp import grouped_ulp_histograms
+
+    one = 0x3F80
+    a = torch.tensor([one, one, one, one, -0x8000, 0x0001], dtype=torch.int16).view(torch.bfloat16)
+    b = torch.tensor([one + 1, one + 2, one + 3, one + 17, 0x0000, -0x7FFF], dtype=torch.int16).view(torch.bfloat16)
+    codes = torch.tensor([0, 0, 1, 0, 1, 1], dtype=torch.uint8)
+    got = grouped_ulp_histograms(a, b, codes, torch.tensor([10, 12]), 14)
+    assert all(h == dict.fromkeys(U.HISTOGRAM_BUCKETS, 0) for g, h in enumerate(got) if g not in (10, 11, 12, 13))
+    assert got[10] == {**dict.fromkeys(U.HISTOGRAM_BUCKETS, 0), "1": 1, "2": 1}
+    assert got[11] == {**dict.fromkeys(U.HISTOGRAM_BUCKETS, 0), "3-4": 1}
+    assert got[12] == {**dict.fromkeys(U.HISTOGRAM_BUCKETS, 0), ">16": 1}
+    assert got[13] == {**dict.fromkeys(U.HISTOGRAM_BUCKETS, 0), "0": 1, "2": 1}
+    nan = torch.tensor([float("nan")], dtype=torch.bfloat16)
+    assert grouped_ulp_histograms(nan, nan, codes[:1], torch.tensor([0]), 1)[0]["nonfinite"] == 1
+    with pytest.raises(ValueError, match=r"groups must lie in 0 \.\. 11, but reach 13"):
+        grouped_ulp_histograms(a, b, codes, torch.tensor([10, 12]), 12)
+    with pytest.raises(ValueError, match=r"groups must lie in 0 \.\. 13, but reach -2"):
+        grouped_ulp_histograms(a, b, codes, torch.tensor([-2, 0]), 14)
+    with pytest.raises(ValueError, match=r"splits into the 4 units of bases \(1-D\), but got \(6,\), \(6,\), \(6,\)"):
+        grouped_ulp_histograms(a, b, codes, torch.zeros(4, dtype=torch.int64), 14)
+    with pytest.raises(ValueError, match=r"but got \(6,\), \(5,\), \(6,\)"):
+        grouped_ulp_histograms(a, b[:5], codes, torch.tensor([0, 0]), 14)
+    with pytest.raises(TypeError, match="same dtype, but got torch.bfloat16 and torch.float32"):
+        grouped_ulp_histograms(a, b.float(), codes, torch.tensor([0, 0]), 14)
+    with pytest.raises(TypeError, match="codes must be an integer tensor, but got torch.float32"):
+        grouped_ulp_histograms(a, b, codes.float(), torch.tensor([0, 0]), 14)
+
+
 def _grid_stride_case(dtype):
     gen = torch.Generator().manual_seed(3)
     from ulptrace._ulp_triton import BLOCK

@@ -21,11 +21,10 @@ from ulptrace.oracle.sharding import ShardedReduction
 from ulptrace.ulp import (
     FORMATS,
     HISTOGRAM_BUCKETS,
-    grouped_histograms,
+    grouped_ulp_histograms,
     ordering_key,
     round_to,
     same_bits,
-    ulp_distance,
 )
 
 VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
@@ -429,8 +428,9 @@ def verdict_histograms(verdicts: torch.Tensor, output: torch.Tensor, reference_o
     device = verdicts.device
     ref = reference_output.detach().to(device)
     cand = output.detach().to(device).to(reference_output.dtype)
-    groups = layout.grouped(verdicts, len(VERDICTS))
-    per_verdict = grouped_histograms(ulp_distance(ref, cand), groups, (count + 1) * len(VERDICTS))
+    # record k's verdict c is group k * len(VERDICTS) + c (the padding's: count * len(VERDICTS) + c)
+    bases = layout.record_of_unit(device) * len(VERDICTS)
+    per_verdict = grouped_ulp_histograms(ref, cand, verdicts, bases, (count + 1) * len(VERDICTS))
     out = []
     for k in range(count):
         histogram = empty_verdict_histogram()
