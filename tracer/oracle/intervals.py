@@ -226,8 +226,19 @@ class Layout:
         return x.reshape(self.units, -1)
 
     def sums(self, x: torch.Tensor) -> list[int]:
-        """The sum of ``x`` over each record's slices (the padding's left out): one read of the device."""
-        return self._per_record(x, "sum")
+        """The sum of ``x`` (integers or a mask) over each record's slices (the padding's left out): one read of the
+        device."""
+        return self.sums_of(x)[0]
+
+    def sums_of(self, *xs: torch.Tensor) -> list[list[int]]:
+        """:meth:`sums` of each of ``xs`` (of one shape and device), in one read of the device for them all."""
+        if self.units == 1:
+            return [[int(total)] for total in torch.stack([x.sum() for x in xs]).tolist()]
+        per_unit = torch.stack([self.per_unit(x).sum(1) for x in xs])
+        if not self.even:  # slices to records (the padding's to a record of its own, left out)
+            per_unit = torch.zeros(len(xs), self.count + 1, dtype=per_unit.dtype, device=per_unit.device).index_add_(
+                1, self.record_of_unit(per_unit.device), per_unit)[:, :self.count]
+        return per_unit.tolist()
 
     def maxima(self, x: torch.Tensor) -> list[int]:
         """The largest element of ``x`` (non-negative) over each record's slices (the padding's left out)."""

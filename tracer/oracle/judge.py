@@ -31,7 +31,8 @@ VERDICTS: tuple[str, ...] = ("exact", "tie", "boundary", "error", "nonfinite")
 """Verdict names; ``Judgement.verdicts`` holds indices into this tuple (worse verdicts have larger codes)."""
 
 EXACT, TIE, BOUNDARY, ERROR, NONFINITE = range(5)
-assert (EXACT, TIE, BOUNDARY) == (0, 1, ERROR - 1)  # what judge_sets_stacked's sum of verdict codes relies on
+# what judge_sets_stacked's sum of verdict codes relies on, and its tally's order
+assert (EXACT, TIE, BOUNDARY, NONFINITE) == (0, 1, ERROR - 1, len(VERDICTS) - 1) == (0, 1, 2, 4)
 
 WORSE_THAN_TIE: tuple[str, ...] = VERDICTS[BOUNDARY:]
 """The verdicts that say a path introduced a difference of its own (``boundary``, ``error``, ``nonfinite``)."""
@@ -300,12 +301,16 @@ def judge_sets_stacked(
     else:
         exact = in_set
     outside = ~in_set & ~nonfinite & ~exact
+    not_exact = ~exact
+    tie, bad = in_set & not_exact, nonfinite & not_exact
 
-    per_record = layout.sums  # one read of the device for all the records
+    per_record = layout.sums
     part = layout.part  # record k's part of a value of them all
-    n_outside = per_record(outside)
+    # per record, in one read of the device: the out-of-set elements (for which hypotheses are tried), the ties and the
+    # nonfinite ones — with the explained ones below, every count of the tally, without a pass over per-element groups
+    n_outside, n_tie, n_bad = layout.sums_of(outside, tie, bad)
     results: list[list[HypothesisResult]] = [[] for _ in range(count)]
-    explained_any = torch.zeros_like(outside)
+    explained_any: torch.Tensor | None = None  # none until a hypothesis is evaluated
     most = [0] * count
     full: list[set[str]] = [set() for _ in range(count)]  # hypotheses that explain every out-of-set element
     fit: list[dict[str, float]] = [{} for _ in range(count)]  # mean |output - center| over the out-of-set elements
@@ -320,7 +325,8 @@ def judge_sets_stacked(
         if any(wanted):
             h_lo, h_hi, *center = interval()
             hit = outside & (v >= h_lo) & (v <= h_hi)
-            explained_any |= hit  # a settled record's out-of-set elements are all explained already
+            # a settled record's out-of-set elements are all explained already
+            explained_any = hit if explained_any is None else explained_any.logical_or_(hit)
             counts = per_record(hit)
         for k in range(count):
             if settled[k]:
@@ -340,21 +346,25 @@ def judge_sets_stacked(
     # EXACT (0) where it is exact. Fewer ops than a fill per verdict, none of which branches per element on the CPU
     # (masked fills there did, on masks that follow the data), and no boolean-index assignment (on a GPU that waits
     # for the device to count the indices)
-    not_exact = ~exact
-    tie, bad = in_set & not_exact, nonfinite & not_exact
     verdicts = torch.add(tie.view(torch.uint8), bad.view(torch.uint8), alpha=NONFINITE)
-    verdicts.add_(outside.view(torch.uint8), alpha=ERROR).sub_(explained_any.view(torch.uint8))
-    codes = layout.grouped(verdicts, len(VERDICTS)).flatten()
-    tally = torch.bincount(codes, minlength=(count + 1) * len(VERDICTS)).reshape(count + 1, -1)[:count].tolist()
+    verdicts.add_(outside.view(torch.uint8), alpha=ERROR)
+    n_explained = [0] * count
+    if explained_any is not None:
+        verdicts.sub_(explained_any.view(torch.uint8))
+        n_explained = per_record(explained_any)
+    # the tally from the counts: an element not exact is a tie, nonfinite, or outside — explained (boundary) or not
+    unit = v.numel() // layout.units
+    tally = [[(layout.offsets[k + 1] - layout.offsets[k]) * unit - n_tie[k] - n_bad[k] - n_outside[k], n_tie[k],
+              n_explained[k], n_outside[k] - n_explained[k], n_bad[k]] for k in range(count)]
 
-    distance = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
     if any(n_outside):
         d = _distance(output, v, lo, hi, out_dtype).clamp(min=1)
-        distance = torch.where(outside, d, distance)
-    distance = torch.where(bad, torch.full_like(distance, -1), distance)
-    # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none
-    errors = torch.where(verdicts == ERROR, distance, 0)
-    tops = layout.maxima(errors) if distance.numel() else [0] * count
+        distance = torch.where(bad, -1, torch.where(outside, d, 0))
+        # an error element is outside and unexplained, so its distance is >= 1: 0 here means there is none
+        tops = layout.maxima(torch.where(verdicts == ERROR, distance, 0)) if distance.numel() else [0] * count
+    else:  # no element outside, so no error: every distance is 0, or -1 where nonfinite
+        tops = [0] * count
+        distance = -bad.long() if any(n_bad) else torch.zeros((), dtype=torch.int64, device=v.device).expand(v.shape)
     lo_o, hi_o, pt_o = to_dtype(lo, out_dtype), to_dtype(hi, out_dtype), to_dtype(pt, out_dtype)
 
     judgements = []
