@@ -50,7 +50,7 @@ from ulptrace.ulp import (
     resolve_stats,
 )
 
-ONSET_REASONS = ("verdict", "unjudged", "unobserved")
+ONSET_REASONS = ("unobserved", "verdict", "unjudged")
 COULD_NOT_JUDGE = "could_not_judge"
 """What ``Comparison.parity(allow=...)`` accepts besides verdict names: sites the oracle could not judge."""
 
@@ -317,7 +317,10 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
                 inputs[role] = None
                 continue
             got = done(x)
-            inputs[role] = got.max_ulp if got.max_ulp is not None else int(not got.equal)
+            # the largest finite ULP distance; 1 for an input that differs where no element is a finite distance
+            # apart (a NaN on one side, a zero of the other sign), which a 0 would call equal; without ULPs (an
+            # integer input), 1 where it differs
+            inputs[role] = got.max_ulp or int(not got.equal)
         site, step, kind, layer = p.key
         diff = SiteDiff(
             site=site, step=step, kind=kind, layer=layer, elements=p.elements, differing=stats.differing,
@@ -385,14 +388,16 @@ class Comparison:
         """Every record that introduced a difference of its own, in execution order, with the reason
         (one of ``ONSET_REASONS``; where several apply to one record, the first in that order):
 
+        - ``"unobserved"`` (at most one): the first record whose output differs, when its recorded inputs
+          already differ although every earlier record is bitwise equal — the divergence began in code
+          between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows;
+          so even where this record's own verdict is worse than ``tie`` too (a NaN or infinity written into a
+          cached key makes the attention's semantics on its inputs non-finite), the divergence began before it;
         - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
         - ``"unjudged"``: no verdicts (no oracle semantics, or the oracle could not judge it), the output
           differs by more than ``max_ulp`` and every recorded input is bitwise equal; a record with no
           recorded inputs (a GatedDeltaNet state, the embedding) qualifies when every record before it
-          in the same step is bitwise equal, outputs and inputs;
-        - ``"unobserved"`` (at most one): the first record whose output differs, when its recorded inputs
-          already differ although every earlier record is bitwise equal — the divergence began in code
-          between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows.
+          in the same step is bitwise equal, outputs and inputs.
 
         The two rules that look at earlier records (a record without inputs, ``unobserved``) apply only
         when the comparison is :attr:`complete`: in a selection the unrecorded sites may differ.
@@ -402,13 +407,13 @@ class Comparison:
         clean_steps: dict[int, bool] = {}  # step -> every record so far in it is equal, outputs and inputs
         for d in self.sites:
             step_clean = clean_steps.get(d.step, True)
-            if d.own_error:
+            if complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
+                yield d, "unobserved"
+            elif d.own_error:
                 yield d, "verdict"
             elif d.verdicts is None and not d.bitwise_equal and (d.max_ulp is None or d.max_ulp > self.max_ulp) \
                     and (d.inputs_equal if d.input_delta else complete and step_clean):
                 yield d, "unjudged"
-            elif complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
-                yield d, "unobserved"
             seen_difference = seen_difference or not d.bitwise_equal
             clean_steps[d.step] = step_clean and d.bitwise_equal and d.inputs_equal
 

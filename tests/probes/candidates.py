@@ -218,6 +218,26 @@ def rope_key_offset(model):
     return _patch_rope(model, rope)
 
 
+def _key_written(value: float):
+    def write(model):
+        """Defect in code no site observes: the rotary step writes ``value`` into one element of the keys (a
+        corrupted cache or rotary kernel) — the attention's recorded key input differs there and only there."""
+
+        def rope(original, q, k, cos, sin, *a, **kw):
+            q_out, k_out = original(q, k, cos, sin, *a, **kw)
+            k_out = k_out.clone()
+            k_out[0, 0, 0, 0] = value
+            return q_out, k_out
+
+        return _patch_rope(model, rope)
+
+    return write
+
+
+rope_key_nan = _key_written(float("nan"))
+rope_key_inf = _key_written(float("inf"))
+
+
 def rope_query_offset(model):
     """Defect (error at the q_rope site): the queries get RoPE one position late."""
 

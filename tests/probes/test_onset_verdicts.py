@@ -120,6 +120,24 @@ def test_divergence_in_unobserved_code_is_the_onset_where_it_first_shows(tmp_pat
     assert data["first_difference"]["site"] == site
 
 
+@pytest.mark.parametrize("candidate", ["candidates:rope_key_nan", "candidates:rope_key_inf"])
+@pytest.mark.parametrize("model, site", [("tiny-llama", "layers.0.self_attn.core"),
+                                         ("tiny-qwen3.5", "layers.1.self_attn.core")])
+def test_a_nonfinite_value_born_in_unobserved_code_is_the_onset_where_it_first_shows(tmp_path, monkeypatch, model,
+                                                                                      site, candidate) -> None:
+    """A NaN (or an infinity) written into a key by code no site observes: the attention's key input differs only
+    where no element is a finite ULP distance apart (a NaN on one side), which its input delta must not call equal,
+    and the attention's semantics on that input are NaN, so its own NaN output is no verdict of its own (an infinity
+    makes them NaN where the kernel's output is finite: nonfinite there, a consequence) — the onset is where the
+    divergence first shows, ``unobserved``, and parity fails; before, a NaN key passed at parity."""
+    data = _onset(tmp_path, monkeypatch, candidate, "--model", model)
+    assert data["onset"] == {"step": 0, "site": site, "kind": "attention", "layer": int(site.split(".")[1]),
+                             "reason": "unobserved"}
+    core = next(s for s in data["sites"] if s["site"] == site and s["step"] == 0)
+    assert core["input_delta"]["key"] >= 1 and core["input_delta"]["query"] == 0
+    assert not data["parity"]["ok"] and "unobserved" in {f["kind"] for f in data["parity"]["failures"]}
+
+
 @pytest.mark.parametrize("model, layer", [("tiny-llama", 0), ("tiny-qwen3.5", 1)])
 def test_rope_site_judges_rotary_variants(tmp_path, monkeypatch, model, layer) -> None:
     site = f"layers.{layer}.self_attn.q_rope"

@@ -143,9 +143,19 @@ def test_the_onset_is_the_first_in_execution_order_whatever_its_reason() -> None
     assert reasons(c) == [("scan", 0, "unjudged"), ("glu", 0, "verdict")]
 
 
-def test_a_verdict_wins_over_unobserved_on_the_same_record() -> None:
+def test_unobserved_wins_over_a_verdict_on_the_same_record() -> None:
+    """Inputs that already differ at the first differing record say the divergence began before it, in code no site
+    observes — whatever the record's own verdict (an infinity written into a cached key makes the attention's
+    semantics on its inputs non-finite: a nonfinite verdict there is a consequence, not the beginning). The verdict
+    still fails parity on its own."""
     c = Comparison(sites=[site("core", kind="attention", equal=False, inputs={"query": 3},
-                               verdicts=judged(exact=6, boundary=2))])
+                               verdicts=judged(exact=6, nonfinite=2))])
+    assert reasons(c) == [("core", 0, "unobserved")]
+    assert {f.kind for f in c.parity().failures} == {"nonfinite", "unobserved"}
+    # once a record before it differs, a record's verdict is its own again
+    c = Comparison(sites=[site("a", equal=False, inputs={"x": 0}, verdicts=judged(exact=6, tie=2)),
+                          site("core", kind="attention", equal=False, inputs={"query": 3},
+                               verdicts=judged(exact=6, nonfinite=2))])
     assert reasons(c) == [("core", 0, "verdict")]
 
 
