@@ -33,7 +33,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from ulptrace.oracle.judge import WORSE_THAN_TIE
@@ -48,6 +48,7 @@ from ulptrace.ulp import (
     merge_record_stats,
     pending_stats,
     resolve_stats,
+    same_bits,
 )
 
 ONSET_REASONS = ("unobserved", "verdict", "unjudged")
@@ -152,6 +153,22 @@ def _stats_to(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBat
     return _Parts(parts)
 
 
+class _Cast(NamedTuple):
+    """The statistics of a pair whose candidate is stored in another float dtype than the reference — counted in the
+    reference's, the candidate cast to it — and how many elements hold another value than the reference's
+    (``ulptrace.ulp.same_bits`` across dtypes; a 0-dim count read by ``finish_diffs``): a wider candidate's values
+    that round to the reference's are not its values, so such a record is not "equal"."""
+
+    stats: Stats
+    differing: torch.Tensor
+
+
+def _cast_stats(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBatch | None) -> _Cast:
+    """:class:`_Cast` of a reference tensor and a candidate tensor of another float dtype, of one shape."""
+    same = same_bits(ref.to(cand.device, non_blocking=True), cand)
+    return _Cast(_stats_to(ref, cand.to(ref.dtype), rows, batch), (~same).sum())
+
+
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` have the same shape, dtype and bit patterns (NaN payloads and signed zeros
     count): the one test of "this record is bitwise equal" (bit patterns come from ``ulptrace.ulp.bits``)."""
@@ -237,15 +254,16 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     shape, dtype = ref.shape, ref.dtype  # (each read of a tensor's shape makes a new object: read once)
     cand_shape, cand_dtype = cand.shape, cand.dtype
     note = None
-    if dtype != cand_dtype and shape == cand_shape and ref.is_floating_point() and cand.is_floating_point():
+    cast = dtype != cand_dtype and shape == cand_shape and ref.is_floating_point() and cand.is_floating_point()
+    if cast:
         # e.g. a kernel that emits the GDN decay gate in BF16 where HF keeps FP32: compare (and judge) in the
         # reference's dtype, and say so; a narrower candidate converts exactly.
-        # ULP statistics are in the reference's dtype; the oracle judges the candidate's own values (a wider
-        # candidate that skips the final rounding is then a boundary, not hidden by a cast).
+        # ULP statistics are in the reference's dtype; equal and differing say whether the candidate's own values
+        # are the reference's; the oracle judges the candidate's own values (a wider candidate that skips the
+        # final rounding is then a boundary, not hidden by a cast).
         note = (f"candidate stores {dtype_name(cand_dtype)}, reference {dtype_name(dtype)}: ULPs counted in "
                 "the reference's dtype")
-        cand, cand_dtype = cand.to(dtype), dtype
-    if shape != cand_shape or dtype != cand_dtype:
+    elif shape != cand_shape or dtype != cand_dtype:
         return {
             "site": reference.site, "step": reference.step,
             "reason": f"reference has {dtype_name(dtype)} {list(shape)}, "
@@ -256,8 +274,12 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     candidate_inputs = candidate.inputs
     for role, r_in in reference.inputs.items():
         c_in = candidate_inputs.get(role)
-        if c_in is None or c_in.dtype != r_in.dtype or c_in.shape != r_in.shape:
+        if c_in is None or c_in.shape != r_in.shape:
             inputs[role] = None
+            continue
+        if c_in.dtype != r_in.dtype:  # stored in another float dtype: compared as the output is; else not at all
+            both_float = c_in.is_floating_point() and r_in.is_floating_point()
+            inputs[role] = _cast_stats(r_in, c_in, False, batch) if both_float else None
             continue
         seen = known.get(r_in, c_in) if known is not None else None
         if seen is None:
@@ -265,8 +287,8 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             if known is not None:
                 known.put(r_in, c_in, seen)
         inputs[role] = seen
-    stats = _stats_to(ref, cand, True, batch)
-    if known is not None and note is None:  # the output as recorded (not cast): another record may read it
+    stats = _cast_stats(ref, cand, True, batch) if cast else _stats_to(ref, cand, True, batch)
+    if known is not None and not cast:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
                            list(shape), dtype_name(dtype), note, stats, inputs)
@@ -294,6 +316,8 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
     waiting = []
     for p in pending:
         for x in (p.stats, *p.inputs.values()):
+            if type(x) is _Cast:
+                x = x.stats
             if type(x) is PendingStats:
                 waiting.append(x)
             elif type(x) is _Parts:
@@ -306,6 +330,9 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
             return x.value
         if kind is _Parts:
             return merge_record_stats([done(part) for part in x])
+        if kind is _Cast:
+            differing = int(x.differing)
+            return done(x.stats)._replace(equal=differing == 0, differing=differing)
         return x
 
     diffs = []

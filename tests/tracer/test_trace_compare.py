@@ -155,6 +155,31 @@ def test_mismatched_and_missing_records_are_listed_not_crashed(reference) -> Non
     assert "[2, 6, 128]" in result.mismatched[0]["reason"] and "[2, 6, 127]" in result.mismatched[0]["reason"]
 
 
+def test_a_record_stored_in_another_float_dtype_is_equal_only_where_it_holds_the_references_values() -> None:
+    """A candidate that stores FP32 where the reference stores BF16 (a kernel that skips a final rounding): ULPs are
+    counted in the reference's dtype, where values within half a BF16 ULP round to the reference's — but such a record
+    is not equal (before, it read ``bitwise_equal`` with 0 differing while its verdicts said boundary, and the first
+    difference came after the onset); FP32 values that are the BF16 reference's own are equal, a narrower candidate
+    converts exactly; a recorded input of another float dtype is compared as the output is (it was not compared)."""
+    from ulptrace.comparison import diff_records
+    from ulptrace.trace import Record
+
+    ref = torch.tensor([[1.0, 2.0, 3.0, -0.5]], dtype=torch.bfloat16)
+    near = ref.float() + torch.tensor([[2.0**-10, 0.0, -(2.0**-9), 0.0]])  # within half an ULP: rounds to ref
+    wide = Record("a", 0, "gates", 0, near, {"x": near})
+    got = diff_records(Record("a", 0, "gates", 0, ref, {"x": ref}), wide)
+    assert (got.bitwise_equal, got.differing, got.max_ulp) == (False, 2, 0)
+    assert got.histogram["0"] == 4 and "candidate stores float32, reference bfloat16" in got.note
+    assert got.input_delta == {"x": 1}  # 0 ULPs in BF16, yet other values: 1, as a NaN on one side
+    same = diff_records(Record("a", 0, "gates", 0, ref, {"x": ref}), Record("a", 0, "gates", 0, ref.float(), {"x": ref}))
+    assert (same.bitwise_equal, same.differing, same.input_delta) == (True, 0, {"x": 0})
+    narrow_ref = ref.float() + torch.tensor([[0.0, 0.0, 2.0**-20, 0.0]])
+    narrow = diff_records(Record("g", 0, "gates", 0, narrow_ref, {"x": narrow_ref}),
+                          Record("g", 0, "gates", 0, ref, {"x": ref}))
+    assert (narrow.bitwise_equal, narrow.differing, narrow.max_ulp) == (False, 1, 2**(23 - 1 - 20))  # FP32 ULPs at 3
+    assert narrow.input_delta == {"x": 2**(23 - 1 - 20)}
+
+
 def test_an_input_that_is_an_earlier_records_output_is_compared_once(monkeypatch) -> None:
     """The recorder keeps one copy per observation, so a site's input is often the same tensor object as an
     earlier site's output on each side: the streaming comparator reuses that comparison (same figures)."""
