@@ -1,6 +1,6 @@
 """The ``ulptrace`` command line: thin wrappers over the library.
 
-``ulptrace models | paths | record | compare | onset | semantics | clean``. Long work reports
+``ulptrace models | paths | record | compare | onset | sites | semantics | clean``. Long work reports
 progress on stderr; results go to stdout as a table, and to files with ``--json FILE`` /
 ``--markdown FILE``. Bad input (unknown model, path, site, an empty selection, a broken trace, an
 unwritable output path, traces of different run inputs) exits with status 2 and one line saying
@@ -430,6 +430,15 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sites(args: argparse.Namespace) -> int:
+    from ulptrace.models import build_model
+    from ulptrace.sites import format_sites, parse_range, select, site_table
+
+    sites = select(site_table(build_model(args.model)), kinds=args.kinds, layers=parse_range(args.layers))
+    print(format_sites(sites))
+    return 0
+
+
 def cmd_semantics(args: argparse.Namespace) -> int:
     from ulptrace.verdicts import site_semantics
 
@@ -723,6 +732,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "onset --tp N ...` (needs `accelerate`: pip install 'ulptrace[tp]')")
     add_report_options(p)
     p.set_defaults(fn=cmd_onset, early=start_onset_reference)
+
+    p = sub.add_parser("sites", help="list a model's sites: name, kind, layer, recorded inputs, oracle semantics")
+    p.add_argument("--model", default="tiny-qwen3.5")
+    p.add_argument("--kinds", nargs="+", metavar="KIND", help="only these site kinds")
+    p.add_argument("--layers", metavar="A:B", help="only these decoder layers (a slice, e.g. 0:2)")
+    p.set_defaults(fn=cmd_sites)
 
     p = sub.add_parser("semantics", help="print where the reference rounds at a site (the oracle's op list)")
     p.add_argument("--model", default="tiny-qwen3.5")

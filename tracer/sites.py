@@ -437,6 +437,21 @@ def _exists(model: Any, path: str) -> bool:
     return True
 
 
+def format_sites(sites: Sequence[Site]) -> str:
+    """One line per site, in execution order: its name, kind, layer, the inputs its records carry, and whether the
+    oracle has semantics for it — the names ``--sites``, ``fault:SITE@STEP`` and ``ulptrace semantics --site`` take
+    (``ulptrace sites``)."""
+    if not sites:
+        return "no sites"
+    width = max(len(s.name) for s in sites)
+    lines = [f"{'site':<{width}}  {'kind':<9} {'layer':>5}  {'oracle':<12} inputs"]
+    for s in sites:
+        oracle = "semantics" if s.formula is not None else "no semantics"
+        layer = "-" if s.layer is None else str(s.layer)
+        lines.append(f"{s.name:<{width}}  {s.kind:<9} {layer:>5}  {oracle:<12} {', '.join(s.inputs) or '-'}")
+    return "\n".join(lines)
+
+
 def site_table(model: Any, *, warn: bool = True) -> list[Site]:
     """All sites of ``model`` in execution order.
 

@@ -119,6 +119,31 @@ def test_models_and_module_entry_point() -> None:
     assert "tiny-qwen3.5" in done.stdout and "qwen3.5-0.8b" in done.stdout
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_sites_lists_every_site_a_run_records_with_its_kind_inputs_and_semantics(model, capsys) -> None:
+    """``ulptrace sites``: the names ``--sites`` and ``fault:SITE@STEP`` take, one line each, in the site table's order;
+    a selection by kind and layer; bad input named."""
+    from ulptrace.models import build_model
+    from ulptrace.sites import site_table
+
+    table = site_table(build_model(model))
+    assert main(["sites", "--model", model]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["site", "kind", "layer", "oracle", "inputs"]
+    assert [line.split()[0] for line in lines[1:]] == [s.name for s in table]
+    norm = next(line.split() for line in lines[1:] if line.startswith("layers.0.input_layernorm "))
+    assert norm == ["layers.0.input_layernorm", "norm", "0", "semantics", "x"]
+    assert main(["sites", "--model", model, "--kinds", "glu", "linear", "--layers", "1"]) == 0
+    chosen = [line.split()[:3] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert chosen == [[s.name, s.kind, "1"] for s in table if s.layer == 1 and s.kind in ("glu", "linear")]
+    assert chosen
+    for bad, message in ((["--kinds", "nope"], "unknown site kind(s) ['nope']"),
+                         (["--layers", "x"], "expected a range like '3', '2:5' or '2:', but got 'x'"),
+                         (["--model", "nope"], "unknown model 'nope'")):
+        assert main(["sites", *bad]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_user_patch_function_is_a_path(tmp_path, monkeypatch, capsys) -> None:
     """A user's own ``module:function`` patches the model in place and returns an undo callable."""
     (tmp_path / "my_kernels.py").write_text(
