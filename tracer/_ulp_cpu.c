@@ -18,6 +18,7 @@
  * counting all seven from the doubles did not vectorize: 1.6x slower). Loops without branches, so that the compiler
  * vectorizes them: built with -march=native and -fno-trapping-math (_ulp_cpu.py).
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -247,6 +248,42 @@ DEFINE_STATS(ulptrace_stats_32, int32_t, int64_t, 23)
 DEFINE_GROUPED(ulptrace_grouped_8, int8_t, int32_t)
 DEFINE_GROUPED(ulptrace_grouped_16, int16_t, int32_t)
 DEFINE_GROUPED(ulptrace_grouped_32, int32_t, int64_t)
+
+/* The masks of a judgement (ulptrace.oracle.judge.judge_sets_stacked) in one pass over the output's bit patterns,
+ * the reference's (NULL: judged against the semantics alone, where "exact" is "in the set") and the admissible set's
+ * float64 ends and point: tie (in the set, not exact), bad (not finite: the output, its point or the set, and not
+ * exact) and outside (none of these, not exact) as bytes 0/1 — what its ~30 torch operations on float64 and boolean
+ * temporaries give, branch-free (a loop the compiler vectorizes). The output is a BF16 (fmt 16) or an FP32 (fmt 32)
+ * value, widened exactly. */
+#define CLASSIFY_LOOP(T, WIDEN, EXACT)                                                                               \
+    for (int64_t i = 0; i < n; ++i) {                                                                                \
+        const double v = WIDEN(out[i]), l = lo[i], h = hi[i], p = pt[i];                                             \
+        const int v_nan = v != v, pt_nan = p != p, set_nan = (l != l) | (h != h);                                    \
+        const int in_set = ((v >= l) & (v <= h)) | (v_nan & (pt_nan | set_nan));                                     \
+        const int finite = (fabs(v) <= DBL_MAX) & (fabs(p) <= DBL_MAX) & (!set_nan);                                 \
+        const int nonfinite = (!in_set) & (!finite);                                                                 \
+        const int exact = EXACT;                                                                                     \
+        tie[i] = (uint8_t)(in_set & (!exact));                                                                       \
+        bad[i] = (uint8_t)(nonfinite & (!exact));                                                                    \
+        outside[i] = (uint8_t)((!in_set) & (!nonfinite) & (!exact));                                                 \
+    }
+
+#define DEFINE_CLASSIFY(NAME, T, WIDEN)                                                                              \
+    void NAME(const T* restrict out, const T* restrict ref, const double* restrict lo, const double* restrict hi,     \
+              const double* restrict pt, int64_t n, uint8_t* restrict tie, uint8_t* restrict bad,                    \
+              uint8_t* restrict outside) {                                                                           \
+        if (ref != NULL) {                                                                                           \
+            CLASSIFY_LOOP(T, WIDEN, out[i] == ref[i])                                                                \
+        } else {                                                                                                     \
+            CLASSIFY_LOOP(T, WIDEN, in_set)                                                                          \
+        }                                                                                                            \
+    }
+
+static inline double widen_bf16(int16_t x) { return decode_f32(((uint32_t)(uint16_t)x) << 16); }
+static inline double widen_f32(int32_t x) { return decode_f32((uint32_t)x); }
+
+DEFINE_CLASSIFY(ulptrace_classify_16, int16_t, widen_bf16)
+DEFINE_CLASSIFY(ulptrace_classify_32, int32_t, widen_f32)
 
 /* Float64 values x[0..n) to FP32, into out, the way the oracle's roundings take them (ulptrace.oracle.intervals):
  * mode 0 the largest FP32 value <= x, mode 1 the smallest >= x, mode 2 rounded to odd (toward zero, the last bit set

@@ -21,6 +21,10 @@ the oracle, 8 x 128 tokens: ~10% less time, ``bench/RESULTS.md``, twenty-eighth 
 (``ulptrace.ulp.grouped_ulp_histograms``) in one pass over the bit patterns, for the ~20 passes of int64 temporaries
 of the torch operations (a tiny-qwen3.5 onset with the oracle, 8 x 128 tokens: ~145 -> ~45 ms of its ~1.1 s judging).
 
+:func:`classify` makes a judgement's masks — tie, nonfinite, outside the admissible set — from the output's bit
+patterns, the reference's and the set's float64 ends and point in one pass (~30 torch operations on float64 and
+boolean temporaries for each judged stack otherwise).
+
 A large pair (:data:`PARALLEL_ELEMENTS` or more) is split into contiguous parts — whole rows, or any elements
 when the row statistics are not asked for — computed on ``torch.get_num_threads()`` threads (ctypes releases
 the GIL during the call) and merged exactly: counts add, maxima are maxima.
@@ -54,6 +58,7 @@ NATIVE_FLAGS = (("-march=native",), ("-mcpu=native",), ())  # tried in order: x8
 _state: dict[str, Any] = {}
 _FUNCTIONS = {1: "ulptrace_stats_8", 2: "ulptrace_stats_16", 4: "ulptrace_stats_32"}
 _GROUPED = {1: "ulptrace_grouped_8", 2: "ulptrace_grouped_16", 4: "ulptrace_grouped_32"}
+_CLASSIFY = {torch.bfloat16: "ulptrace_classify_16", torch.float32: "ulptrace_classify_32"}
 _SLOTS = ctypes.c_int64 * 32
 
 
@@ -103,6 +108,10 @@ def _build() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, i64, i64, i64, i64, i64, p]
         fn.restype = i32
+    for name in _CLASSIFY.values():
+        fn = getattr(lib, name)
+        fn.argtypes = [p, p, p, p, p, i64, p, p, p]
+        fn.restype = None
     lib.ulptrace_to_fp32.argtypes = [p, p, i64, i32]
     lib.ulptrace_to_fp32.restype = None
     return lib
@@ -192,6 +201,30 @@ def grouped(a: torch.Tensor, b: torch.Tensor, codes: torch.Tensor, bases: torch.
                                                       bases.numel(), a.numel() // max(bases.numel(), 1), n_groups,
                                                       constants[0], constants[2], counts.data_ptr())
     return None if failed else counts.tolist()
+
+
+def classify(output: torch.Tensor, reference: torch.Tensor | None, lo: torch.Tensor, hi: torch.Tensor,
+             pt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The masks a judgement counts (``ulptrace.oracle.judge.judge_sets_stacked``), from one pass: ``(tie, bad,
+    outside)`` — in the admissible set ``[lo, hi]`` and not exact; not finite (the output, the point ``pt`` or the set)
+    and outside it, not exact; neither, not exact — where exact is bitwise equal to ``reference`` (None: in the set).
+    For a BF16 or FP32 output on the CPU, a reference of its dtype or None, and float64 CPU ends and point of its
+    shape; None otherwise (and where the loops are not built): the caller's torch operations decide.
+    """
+    name = _CLASSIFY.get(output.dtype)
+    shape = output.shape
+    if name is None or library() is None or output.device.type != "cpu" or any(
+            t.dtype != torch.float64 or t.device.type != "cpu" or t.shape != shape for t in (lo, hi, pt)) or (
+            reference is not None and (reference.dtype != output.dtype or reference.shape != shape
+                                       or reference.device.type != "cpu")):
+        return None
+    out = output.detach().resolve_neg().contiguous()
+    ref = None if reference is None else reference.detach().resolve_neg().contiguous()
+    ends = [t.resolve_neg().contiguous() for t in (lo, hi, pt)]
+    masks = [torch.empty(shape, dtype=torch.bool) for _ in range(3)]
+    getattr(library(), name)(out.data_ptr(), None if ref is None else ref.data_ptr(), *(t.data_ptr() for t in ends),
+                             out.numel(), *(m.data_ptr() for m in masks))
+    return masks[0], masks[1], masks[2]
 
 
 TO_FP32_MODES = {"down": 0, "up": 1, "odd": 2}

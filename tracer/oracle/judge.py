@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ulptrace import _ulp_cpu
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
 from ulptrace.oracle.intervals import Layout, members
 from ulptrace.oracle.members import depends_on_inputs, stacked_lengths
@@ -291,24 +292,32 @@ def judge_sets_stacked(
     boundary, its largest error — from one pass of ops over all of them."""
     layout = layout or Layout.of(len(sites))
     count = layout.count
-    v = output.detach().to(device=lo.device, dtype=torch.float64)
-    # each mask once (a judged record is bound by the number of ops it issues, not by elements)
-    v_nan, pt_nan, set_nan = torch.isnan(v), torch.isnan(pt), torch.isnan(lo) | torch.isnan(hi)
-    in_set = ((v >= lo) & (v <= hi)) | (v_nan & (pt_nan | set_nan))
-    nonfinite = ~in_set & (v_nan | torch.isinf(v) | pt_nan | torch.isinf(pt) | set_nan)
-    if reference_output is not None:
-        exact = same_bits(output.detach().to(lo.device), reference_output.detach().to(lo.device))
+    # the output as float64: what the hypotheses and the distances compare (on the CPU made only where needed)
+    v: torch.Tensor | None = None
+    masks = _ulp_cpu.classify(output, reference_output, lo, hi, pt) if lo.device.type == "cpu" else None
+    if masks is not None:  # one compiled pass, the same masks as the operations below (tested)
+        tie, bad, outside = masks
     else:
-        exact = in_set
-    outside = ~in_set & ~nonfinite & ~exact
-    not_exact = ~exact
-    tie, bad = in_set & not_exact, nonfinite & not_exact
+        v = output.detach().to(device=lo.device, dtype=torch.float64)
+        # each mask once (a judged record is bound by the number of ops it issues, not by elements)
+        v_nan, pt_nan, set_nan = torch.isnan(v), torch.isnan(pt), torch.isnan(lo) | torch.isnan(hi)
+        in_set = ((v >= lo) & (v <= hi)) | (v_nan & (pt_nan | set_nan))
+        nonfinite = ~in_set & (v_nan | torch.isinf(v) | pt_nan | torch.isinf(pt) | set_nan)
+        if reference_output is not None:
+            exact = same_bits(output.detach().to(lo.device), reference_output.detach().to(lo.device))
+        else:
+            exact = in_set
+        outside = ~in_set & ~nonfinite & ~exact
+        not_exact = ~exact
+        tie, bad = in_set & not_exact, nonfinite & not_exact
 
     per_record = layout.sums
     part = layout.part  # record k's part of a value of them all
     # per record, in one read of the device: the out-of-set elements (for which hypotheses are tried), the ties and the
     # nonfinite ones — with the explained ones below, every count of the tally, without a pass over per-element groups
     n_outside, n_tie, n_bad = layout.sums_of(outside, tie, bad)
+    if v is None and any(n_outside):
+        v = output.detach().to(device=lo.device, dtype=torch.float64)
     results: list[list[HypothesisResult]] = [[] for _ in range(count)]
     explained_any: torch.Tensor | None = None  # none until a hypothesis is evaluated
     most = [0] * count
@@ -353,7 +362,7 @@ def judge_sets_stacked(
         verdicts.sub_(explained_any.view(torch.uint8))
         n_explained = per_record(explained_any)
     # the tally from the counts: an element not exact is a tie, nonfinite, or outside — explained (boundary) or not
-    unit = v.numel() // layout.units
+    unit = output.numel() // layout.units
     tally = [[(layout.offsets[k + 1] - layout.offsets[k]) * unit - n_tie[k] - n_bad[k] - n_outside[k], n_tie[k],
               n_explained[k], n_outside[k] - n_explained[k], n_bad[k]] for k in range(count)]
 
@@ -364,7 +373,8 @@ def judge_sets_stacked(
         tops = layout.maxima(torch.where(verdicts == ERROR, distance, 0)) if distance.numel() else [0] * count
     else:  # no element outside, so no error: every distance is 0, or -1 where nonfinite
         tops = [0] * count
-        distance = -bad.long() if any(n_bad) else torch.zeros((), dtype=torch.int64, device=v.device).expand(v.shape)
+        zero = torch.zeros((), dtype=torch.int64, device=lo.device)
+        distance = -bad.long() if any(n_bad) else zero.expand(output.shape)
     lo_o, hi_o, pt_o = to_dtype(lo, out_dtype), to_dtype(hi, out_dtype), to_dtype(pt, out_dtype)
 
     judgements = []

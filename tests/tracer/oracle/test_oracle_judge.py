@@ -480,3 +480,67 @@ def test_verdict_histograms_count_each_differing_elements_ulps_under_its_verdict
                    "nonfinite": {**zero, "nonfinite": 1}}
     assert verdict_histogram(torch.zeros(7, dtype=torch.uint8), reference, reference) == {
         v: zero for v in ("tie", "boundary", "error", "nonfinite")}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("against", ["reference", "semantics"])
+def test_the_compiled_masks_give_the_torch_operations_judgements(dtype, against, monkeypatch) -> None:
+    """``judge_sets_stacked`` with its masks from one compiled pass on the CPU (``ulptrace._ulp_cpu.classify``) and
+    from the torch operations: the same judgement of every record of a stack (counts, codes, distances, hypotheses),
+    over outputs inside, on and beyond the admissible set's ends, NaN and infinities in the output, the point and the
+    ends, a reference or none; and a hand-derived element of each class."""
+    from ulptrace import _ulp_cpu
+    from ulptrace.oracle.intervals import Layout
+    from ulptrace.oracle.judge import HypothesisResult, judge_sets_stacked
+
+    assert _ulp_cpu.library() is not None, _ulp_cpu.unavailable_reason()
+    g = torch.Generator().manual_seed(13)
+    n = 3 * 4 * 257
+    center = torch.randn(n, generator=g, dtype=torch.float64)
+    width = torch.rand(n, generator=g, dtype=torch.float64) * 2.0**-7
+    lo, hi = (center - width).to(dtype).double(), (center + width).to(dtype).double()
+    pt = center.to(dtype).double()
+    out = (center + width * 3 * torch.randn(n, generator=g, dtype=torch.float64)).to(dtype)
+    out[::17] = lo.to(dtype)[::17]  # on an end
+    nan, inf = float("nan"), float("inf")
+    out[1::97], pt[2::89], lo[3::83], hi[4::79] = nan, nan, nan, nan
+    out[5::101], pt[6::103], out[7::107], lo[7::107], hi[7::107] = inf, -inf, inf, -inf, inf
+    reference = center.to(dtype)
+    reference[8::61] = out[8::61]  # exact
+    reference[9::71] = nan
+    out[9::71] = nan  # NaN on both sides: bitwise equal only if the payloads are
+    shape = (12, 257)
+    args = [None if t is None else t.reshape(shape)
+            for t in (out, reference if against == "reference" else None, lo, hi, pt)]
+    explained = (lo - 2.0**-6, hi + 2.0**-6)  # a hypothesis that explains part of the out-of-set elements
+    hypotheses = [(HypothesisResult("missing", "a wider set", 0, 0), lambda: tuple(t.reshape(shape) for t in explained))]
+    layout = Layout([1, 2, 1], 4)  # three records of 3, 6 and 3 rows, stacked
+
+    def judged() -> list:
+        return judge_sets_stacked(args[0], args[1], args[2], args[3], args[4], hypotheses, dtype, ["a", "b", "c"],
+                                  layout)
+
+    compiled = judged()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_ulp_cpu, "classify", lambda *a: None)
+        plain = judged()
+    assert sum(j.counts[v] for j in compiled for v in ("tie", "boundary", "error", "nonfinite")) > 100
+    classes = ("tie", "boundary", "error", "nonfinite") if against == "reference" else ("boundary", "error", "nonfinite")
+    assert all(j.counts[v] for j in compiled for v in classes), [j.counts for j in compiled]  # (no tie: exact is in)
+    for got, want in zip(compiled, plain, strict=True):
+        assert got.counts == want.counts and got.boundary == want.boundary and got.max_error_ulp == want.max_error_ulp
+        assert got.hypotheses == want.hypotheses and got.explained == want.explained
+        assert torch.equal(got.verdicts, want.verdicts) and torch.equal(got.distance, want.distance)
+    # by hand: inside the set, beyond it, NaN output with a finite set, NaN set with a finite output
+    lo1, hi1 = torch.tensor([1.0, 1.0, 1.0, nan], dtype=torch.float64), torch.tensor([2.0, 2.0, 2.0, 2.0],
+                                                                                       dtype=torch.float64)
+    out1 = torch.tensor([1.5, 3.0, nan, 1.5], dtype=dtype)
+    tie, bad, outside = _ulp_cpu.classify(out1, None, lo1, hi1, lo1.nan_to_num(1.0))
+    assert (tie.tolist(), bad.tolist(), outside.tolist()) == ([False] * 4, [False, False, True, True],
+                                                              [False, True, False, False])
+    # with a reference equal to the first: exact there (no class), in the set elsewhere a tie
+    tie, bad, outside = _ulp_cpu.classify(out1, torch.tensor([1.5, 1.0, 1.0, 1.0], dtype=dtype), lo1, hi1,
+                                          lo1.nan_to_num(1.0))
+    assert (tie.tolist(), bad.tolist(), outside.tolist()) == ([False] * 4, [False, False, True, True],
+                                                              [False, True, False, False])
+    assert _ulp_cpu.classify(out1.half(), None, lo1, hi1, lo1) is None  # FP16: the torch operations decide
