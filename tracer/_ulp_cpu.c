@@ -285,6 +285,14 @@ static inline double widen_f32(int32_t x) { return decode_f32((uint32_t)x); }
 DEFINE_CLASSIFY(ulptrace_classify_16, int16_t, widen_bf16)
 DEFINE_CLASSIFY(ulptrace_classify_32, int32_t, widen_f32)
 
+/* Whether each of n_parts consecutive parts of part_bytes bytes differs between a and b (out[k] = 1): one memcmp
+ * each, for which rows of a record must be judged (ulptrace.ulp.parts_differ) — bitwise equality, as comparing the bit
+ * patterns element by element and reducing each part is. */
+void ulptrace_parts_differ(const uint8_t* a, const uint8_t* b, int64_t n_parts, int64_t part_bytes, uint8_t* out) {
+    for (int64_t k = 0; k < n_parts; ++k)
+        out[k] = memcmp(a + k * part_bytes, b + k * part_bytes, (size_t)part_bytes) != 0;
+}
+
 /* Float64 values x[0..n) to FP32, into out, the way the oracle's roundings take them (ulptrace.oracle.intervals):
  * mode 0 the largest FP32 value <= x, mode 1 the smallest >= x, mode 2 rounded to odd (toward zero, the last bit set
  * where inexact: after it one FP32 -> BF16/FP16 cast is the single RNE). Each starts from the cast (RNE, as torch's

@@ -112,6 +112,8 @@ def _build() -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes = [p, p, p, p, p, i64, p, p, p]
         fn.restype = None
+    lib.ulptrace_parts_differ.argtypes = [p, p, i64, i64, p]
+    lib.ulptrace_parts_differ.restype = None
     lib.ulptrace_to_fp32.argtypes = [p, p, i64, i32]
     lib.ulptrace_to_fp32.restype = None
     return lib
@@ -225,6 +227,22 @@ def classify(output: torch.Tensor, reference: torch.Tensor | None, lo: torch.Ten
     getattr(library(), name)(out.data_ptr(), None if ref is None else ref.data_ptr(), *(t.data_ptr() for t in ends),
                              out.numel(), *(m.data_ptr() for m in masks))
     return masks[0], masks[1], masks[2]
+
+
+def parts_differ(a: torch.Tensor, b: torch.Tensor, n_parts: int) -> torch.Tensor:
+    """Whether each of ``n_parts`` equal consecutive parts of two contiguous CPU tensors of one dtype and shape differs
+    bitwise (``ulptrace_parts_differ``: a ``memcmp`` a part), as a bool tensor of ``n_parts``; the caller gives tensors
+    whose memory holds their values (``ulptrace.ulp.parts_differ``).
+
+    Raises:
+        RuntimeError: :func:`library` is None.
+    """
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the compiled CPU loops are unavailable: {unavailable_reason()}")
+    out = torch.empty(n_parts, dtype=torch.bool)
+    lib.ulptrace_parts_differ(a.data_ptr(), b.data_ptr(), n_parts, a.nbytes // max(n_parts, 1), out.data_ptr())
+    return out
 
 
 TO_FP32_MODES = {"down": 0, "up": 1, "odd": 2}

@@ -17,7 +17,8 @@ the bit patterns (no Python loops over elements):
 - :func:`ulp_stats`, :func:`record_stats` (:func:`pending_stats`, :func:`resolve_stats`) -- what a comparison
   computes per record, in one pass (a Triton kernel on CUDA, a compiled C pass on the CPU, torch elsewhere);
 - :func:`ordering_key`, :func:`from_ordering_key` -- the monotone integer order behind all of the above;
-- :func:`bits`, :func:`same_bits` -- bit patterns, the one definition of "bitwise equal" element-wise;
+- :func:`bits`, :func:`same_bits` (:func:`parts_differ`) -- bit patterns, the one definition of "bitwise equal"
+  element-wise;
 - :func:`row_ulp_distance`, :func:`row_histogram` -- differences in ULPs of the row's magnitude, beside
   the per-element ULPs (a near-zero element's own ULPs exaggerate a change that is tiny for its row).
 """
@@ -56,6 +57,7 @@ __all__ = [
     "next_down",
     "next_up",
     "ordering_key",
+    "parts_differ",
     "pending_stats",
     "record_stats",
     "resolve_stats",
@@ -623,6 +625,23 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return bits(a) == bits(b)
     x, y = a.to(torch.float64), b.to(torch.float64)
     return ((x == y) & (torch.signbit(x) == torch.signbit(y))) | (torch.isnan(x) & torch.isnan(y))
+
+
+def parts_differ(a: torch.Tensor, b: torch.Tensor, n_parts: int) -> torch.Tensor:
+    """Which of ``n_parts`` equal consecutive parts of ``a`` and ``b`` (one shape; dimension 0 split first, as
+    ``reshape(n_parts, -1)`` splits it) hold an element that is not :func:`same_bits`: a bool tensor of ``n_parts``.
+    For one dtype on the CPU one ``memcmp`` a part (``ulptrace._ulp_cpu.parts_differ``; which rows of a record the
+    oracle judges), else the element-wise comparison reduced per part.
+
+    Raises:
+        ValueError: the shapes differ, or the elements do not split into ``n_parts`` parts.
+    """
+    if a.shape != b.shape or n_parts < 1 or a.numel() % n_parts:
+        raise ValueError(f"a and b must share a shape whose elements split into {n_parts} parts, but got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype == b.dtype and a.device.type == b.device.type == "cpu" and _cpu_stats() is not None:
+        return _ulp_cpu.parts_differ(_values_in_memory(bits(a)), _values_in_memory(bits(b)), n_parts)
+    return ~same_bits(a, b).reshape(n_parts, -1).all(-1)
 
 
 ROW_HISTOGRAM_BUCKETS: tuple[str, ...] = ("0", "<1", "1", "2", "3-4", "5-8", "9-16", ">16", "nonfinite")

@@ -26,7 +26,7 @@ from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
-from ulptrace.ulp import same_bits
+from ulptrace.ulp import parts_differ
 
 STRUCTURAL_INPUTS = ("attention_mask",)
 STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
@@ -630,7 +630,7 @@ def _differing(site: Site, reference: Record, tensors: Sequence[torch.Tensor]) -
         return None
     if ref_out.dtype != cand_out.dtype:
         return n_parts, torch.ones(n_parts, dtype=torch.bool, device=ref_out.device)
-    return n_parts, ~same_bits(ref_out, cand_out).reshape(n_parts, -1).all(-1)
+    return n_parts, parts_differ(ref_out, cand_out, n_parts)
 
 
 def _cut(site: Site, t: torch.Tensor, n_parts: int, parts: torch.Tensor | None, rows_first: bool) -> torch.Tensor:

@@ -644,3 +644,39 @@ def test_ordering_keys_and_distances_of_a_lazily_negated_view_are_those_of_its_v
     other = plain + 2.0**-20
     assert torch.equal(ulp_distance(view, other).distance, ulp_distance(plain, other).distance)
     assert torch.equal(next_up(view), next_up(plain)) and torch.equal(next_down(view), next_down(plain))
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int64], ids=str)
+def test_parts_differ_says_which_parts_hold_an_element_that_is_not_the_same_bits(dtype, compiled, monkeypatch) -> None:
+    """The rows the oracle judges: a part differs where one element's bits differ — a NaN payload, a zero's sign, one
+    ULP — and not where only equal bits are (NaN against the same NaN); a lazily negated view by its values; the
+    compiled ``memcmp`` a part and the element-wise comparison give the same answer; bad shapes named."""
+    import ulptrace.ulp as U
+    from ulptrace.ulp import parts_differ
+
+    if not compiled:
+        monkeypatch.setattr(U, "_cpu_stats", lambda: None)
+    a = (torch.arange(6 * 8, dtype=torch.float32).reshape(6, 8) - 20).to(dtype)
+    b = a.clone()
+    if dtype.is_floating_point:
+        bits_b = b.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[b.element_size()])
+        bits_b[1, 3] += 1  # one step
+        if dtype != torch.float8_e4m3fn:
+            a[2, 0], b[2, 0] = 0.0, -0.0  # a zero's sign
+            a[3, 5], b[3, 5] = float("nan"), float("nan")  # the same NaN: equal bits
+        want = [False, True, dtype != torch.float8_e4m3fn, False, False, True]
+    else:
+        b[4, 7] += 1
+        want = [False, False, False, False, True, True]
+    bits_b = b.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[b.element_size()])
+    bits_b[5, 7] ^= torch.iinfo(bits_b.dtype).min  # a part's last element's sign bit: its last byte in memory
+    assert parts_differ(a, b, 6).tolist() == want
+    assert parts_differ(a, b, 3).tolist() == [want[0] or want[1], want[2] or want[3], want[4] or want[5]]
+    assert parts_differ(a, a.clone(), 48).tolist() == [False] * 48
+    if dtype in (torch.bfloat16, torch.float32):  # (torch negates no FP8)
+        assert parts_differ(torch._neg_view(-a), a, 6).tolist() == [False] * 6
+    with pytest.raises(ValueError, match=r"split into 5 parts, but got \(6, 8\) and \(6, 8\)"):
+        parts_differ(a, b, 5)
+    with pytest.raises(ValueError, match=r"but got \(6, 8\) and \(8, 6\)"):
+        parts_differ(a, b.reshape(8, 6), 6)
