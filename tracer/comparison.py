@@ -314,15 +314,20 @@ class _PendingDiff:
 def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
     """The ``SiteDiff`` of each ``start_diff`` result, in order, waiting for the device once."""
     waiting = []
+    casts: dict[torch.device, list[_Cast]] = {}
     for p in pending:
         for x in (p.stats, *p.inputs.values()):
             if type(x) is _Cast:
+                casts.setdefault(x.differing.device, []).append(x)
                 x = x.stats
             if type(x) is PendingStats:
                 waiting.append(x)
             elif type(x) is _Parts:
                 waiting += [part for part in x if type(part) is PendingStats]
     resolve_stats(waiting)  # each one's value is known now
+    # the counts of the pairs stored in another dtype, one read of each device for them all
+    differing = {id(c): n for group in casts.values()
+                 for c, n in zip(group, torch.stack([c.differing for c in group]).tolist(), strict=True)}
 
     def done(x: Stats) -> RecordStats:
         kind = type(x)
@@ -331,8 +336,7 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
         if kind is _Parts:
             return merge_record_stats([done(part) for part in x])
         if kind is _Cast:
-            differing = int(x.differing)
-            return done(x.stats)._replace(equal=differing == 0, differing=differing)
+            return done(x.stats)._replace(equal=differing[id(x)] == 0, differing=differing[id(x)])
         return x
 
     diffs = []
