@@ -432,10 +432,12 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 def cmd_sites(args: argparse.Namespace) -> int:
     from ulptrace.models import build_model
-    from ulptrace.sites import format_sites, parse_range, select, site_table
+    from ulptrace.run import RunConfig, selected_sites
+    from ulptrace.sites import format_sites
 
-    sites = select(site_table(build_model(args.model)), kinds=args.kinds, layers=parse_range(args.layers))
-    print(format_sites(sites))
+    # the selection every run makes (an empty one, or an empty range, is refused there, naming what exists)
+    cfg = RunConfig(model=args.model, kinds=args.kinds, layers=args.layers)
+    print(format_sites(selected_sites(build_model(args.model), cfg)))
     return 0
 
 

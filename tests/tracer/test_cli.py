@@ -139,6 +139,9 @@ def test_sites_lists_every_site_a_run_records_with_its_kind_inputs_and_semantics
     assert chosen
     for bad, message in ((["--kinds", "nope"], "unknown site kind(s) ['nope']"),
                          (["--layers", "x"], "expected a range like '3', '2:5' or '2:', but got 'x'"),
+                         (["--layers", "5:2"], "--layers 5:2 is an empty range"),
+                         (["--layers", "99"], "the selection --layers 99 matches no site"),
+                         (["--kinds", "logits", "--layers", "0"], "the selection --kinds logits, --layers 0 matches no"),
                          (["--model", "nope"], "unknown model 'nope'")):
         assert main(["sites", *bad]) == 2
         assert message in capsys.readouterr().err
