@@ -242,16 +242,13 @@ class Layout:
 
     def maxima(self, x: torch.Tensor) -> list[int]:
         """The largest element of ``x`` (non-negative) over each record's slices (the padding's left out)."""
-        return self._per_record(x, "amax")
-
-    def _per_record(self, x: torch.Tensor, reduce: str) -> list[int]:
         if self.units == 1:
-            return [int(getattr(x, reduce)())]
-        per_unit = getattr(self.per_unit(x), reduce)(1)
+            return [int(x.amax())]
+        per_unit = self.per_unit(x).amax(1)
         if self.even:
             return per_unit.tolist()
         out = torch.zeros(self.count + 1, dtype=per_unit.dtype, device=x.device)
-        return out.scatter_reduce_(0, self.record_of_unit(x.device), per_unit, reduce)[:self.count].tolist()
+        return out.scatter_reduce_(0, self.record_of_unit(x.device), per_unit, "amax")[:self.count].tolist()
 
     def all_per_record(self, flags: torch.Tensor) -> list[bool]:
         """Whether every one of a record's ``flags`` (one per slice) is set, the padding's counted with the first
@@ -269,14 +266,6 @@ class Layout:
             return x
         step = x.shape[0] // self.units
         return x[self.offsets[k] * step:self.offsets[k + 1] * step]
-
-    def grouped(self, codes: torch.Tensor, groups: int) -> torch.Tensor:
-        """``codes`` (``0 <= code < groups``, dimension 0 the stacked one) made distinct per record: record ``k``'s
-        become ``k * groups + code``, the padding's ``count * groups + code`` (``(count + 1) * groups`` in all)."""
-        if self.count == 1 and self.units == 1:
-            return codes
-        record = self.record_of_unit(codes.device)
-        return (self.per_unit(codes).long() + (record * groups).unsqueeze(1)).reshape(codes.shape)
 
 
 _MEMBERS: ContextVar[tuple[Layout, frozenset[int]] | None] = ContextVar("members", default=None)
