@@ -129,6 +129,14 @@ def library() -> ctypes.CDLL | None:
     return _state["lib"]
 
 
+def _loaded(what: str = "CPU loops") -> ctypes.CDLL:
+    """:func:`library`, or a RuntimeError saying why it cannot be built (each entry point's first line)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the compiled {what} are unavailable: {unavailable_reason()}")
+    return lib
+
+
 def unavailable_reason() -> str | None:
     """Why the compiled statistics are not used here, or None when they are."""
     return None if library() is not None else _state.get("why")
@@ -142,9 +150,7 @@ def stats(a: torch.Tensor, b: torch.Tensor, fmt: Any, *, rows: bool) -> list[int
     Raises:
         RuntimeError: :func:`library` is None.
     """
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"the compiled ULP statistics are unavailable: {unavailable_reason()}")
+    lib = _loaded("ULP statistics")
     a, b = a.contiguous(), b.contiguous()
     n_cols = a.shape[-1] if a.dim() else 1
     n_rows = a.numel() // max(n_cols, 1)
@@ -192,9 +198,7 @@ def grouped(a: torch.Tensor, b: torch.Tensor, codes: torch.Tensor, bases: torch.
     Raises:
         RuntimeError: :func:`library` is None.
     """
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"the compiled CPU loops are unavailable: {unavailable_reason()}")
+    lib = _loaded()
     a, b, codes = a.contiguous(), b.contiguous(), codes.contiguous()
     bases = bases.to(torch.int64).contiguous()
     counts = torch.zeros(n_groups, 8, dtype=torch.int64)
@@ -237,9 +241,7 @@ def parts_differ(a: torch.Tensor, b: torch.Tensor, n_parts: int) -> torch.Tensor
     Raises:
         RuntimeError: :func:`library` is None.
     """
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"the compiled CPU loops are unavailable: {unavailable_reason()}")
+    lib = _loaded()
     out = torch.empty(n_parts, dtype=torch.bool)
     lib.ulptrace_parts_differ(a.data_ptr(), b.data_ptr(), n_parts, a.nbytes // max(n_parts, 1), out.data_ptr())
     return out
@@ -258,9 +260,7 @@ def to_fp32(x: torch.Tensor, mode: str) -> torch.Tensor:
         RuntimeError: :func:`library` is None.
         ValueError: ``x`` is not a float64 CPU tensor, or ``mode`` is none of :data:`TO_FP32_MODES`.
     """
-    lib = library()
-    if lib is None:
-        raise RuntimeError(f"the compiled CPU loops are unavailable: {unavailable_reason()}")
+    lib = _loaded()
     if x.dtype != torch.float64 or x.device.type != "cpu" or mode not in TO_FP32_MODES:
         raise ValueError(f"to_fp32 takes a float64 CPU tensor and a mode of {sorted(TO_FP32_MODES)}, but got "
                          f"{x.dtype} on {x.device} and {mode!r}")
