@@ -43,6 +43,10 @@ static inline double decode_f32(uint32_t u) {
     return (double)f;
 }
 
+/* a BF16 or an FP32 bit pattern's value (the pattern as a signed integer of its width) */
+static inline double widen_bf16(int16_t x) { return decode_f32(((uint32_t)(uint16_t)x) << 16); }
+static inline double widen_f32(int32_t x) { return decode_f32((uint32_t)x); }
+
 /* 0 "0", 1 "<1", 2 "1", 3 "2", 4 "3-4", 5 "5-8", 6 "9-16", 7 ">16" for d >= 0: the number of these comparisons
  * that hold (nested: each implies the ones before it), so row code k counts the distances that pass comparison k
  * and not k + 1 */
@@ -162,8 +166,8 @@ static void count_rows(const double* dv, int fill, int nonfinite, int64_t* row_c
                         W xa = pa[i], xb = pb[i];                                                                    \
                         int bad = (xa != xb) & (((xa & mag) > maxf) | ((xb & mag) > maxf));                          \
                         double d = FAST_MANT == 7                                                                    \
-                            ? decode_f32(((uint32_t)(uint16_t)xa) << 16) - decode_f32(((uint32_t)(uint16_t)xb) << 16) \
-                            : decode_f32((uint32_t)xa) - decode_f32((uint32_t)xb);                                   \
+                            ? widen_bf16((int16_t)xa) - widen_bf16((int16_t)xb)                                      \
+                            : widen_f32((int32_t)xa) - widen_f32((int32_t)xb);                                       \
                         d_out[i] = (xa == xb || bad) ? 0.0 : fabs(d) * inv_unit;                                     \
                         nonfinite += bad;                                                                            \
                     }                                                                                                \
@@ -253,8 +257,8 @@ DEFINE_GROUPED(ulptrace_grouped_32, int32_t, int64_t)
  * the reference's (NULL: judged against the semantics alone, where "exact" is "in the set") and the admissible set's
  * float64 ends and point: tie (in the set, not exact), bad (not finite: the output, its point or the set, and not
  * exact) and outside (none of these, not exact) as bytes 0/1 — what its ~30 torch operations on float64 and boolean
- * temporaries give, branch-free (a loop the compiler vectorizes). The output is a BF16 (fmt 16) or an FP32 (fmt 32)
- * value, widened exactly. */
+ * temporaries give, branch-free (a loop the compiler vectorizes). The output is BF16 (_16) or FP32 (_32), widened
+ * exactly. */
 #define CLASSIFY_LOOP(T, WIDEN, EXACT)                                                                               \
     for (int64_t i = 0; i < n; ++i) {                                                                                \
         const double v = WIDEN(out[i]), l = lo[i], h = hi[i], p = pt[i];                                             \
@@ -278,9 +282,6 @@ DEFINE_GROUPED(ulptrace_grouped_32, int32_t, int64_t)
             CLASSIFY_LOOP(T, WIDEN, in_set)                                                                          \
         }                                                                                                            \
     }
-
-static inline double widen_bf16(int16_t x) { return decode_f32(((uint32_t)(uint16_t)x) << 16); }
-static inline double widen_f32(int32_t x) { return decode_f32((uint32_t)x); }
 
 DEFINE_CLASSIFY(ulptrace_classify_16, int16_t, widen_bf16)
 DEFINE_CLASSIFY(ulptrace_classify_32, int32_t, widen_f32)
