@@ -164,9 +164,10 @@ class _Cast(NamedTuple):
 
 
 def _cast_stats(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBatch | None) -> _Cast:
-    """:class:`_Cast` of a reference tensor and a candidate tensor of another float dtype, of one shape."""
-    same = same_bits(ref.to(cand.device, non_blocking=True), cand)
-    return _Cast(_stats_to(ref, cand.to(ref.dtype), rows, batch), (~same).sum())
+    """:class:`_Cast` of a reference tensor and a candidate tensor of another float dtype, of one shape (a reference
+    kept elsewhere is moved over once, for both)."""
+    here = ref.to(cand.device, non_blocking=True)
+    return _Cast(_stats_to(here, cand.to(ref.dtype), rows, batch), (~same_bits(here, cand)).sum())
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
