@@ -547,8 +547,9 @@ def grouped_ulp_histograms(a: torch.Tensor, b: torch.Tensor, codes: torch.Tensor
         raise ValueError(f"a, b and codes must share a shape whose dimension 0 splits into the {units} units of "
                          f"bases (1-D), but got {tuple(a.shape)}, {tuple(b.shape)}, {tuple(codes.shape)} and bases "
                          f"{tuple(bases.shape)}")
-    if a.numel():
-        low, high = int(codes.min()) + int(bases.min()), int(codes.max()) + int(bases.max())
+    if a.numel():  # the lowest and highest group, in one read of the device
+        base_ends = torch.stack([bases.min(), bases.max()]).long().to(codes.device)
+        low, high = (torch.stack([codes.min(), codes.max()]).long() + base_ends).tolist()
         if low < 0 or high >= n_groups:
             raise ValueError(f"groups must lie in 0 .. {n_groups - 1}, but reach {low if low < 0 else high}")
     if a.device.type == "cpu" and codes.dtype == torch.uint8 and a.element_size() in (1, 2, 4) and \
