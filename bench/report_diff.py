@@ -1,0 +1,47 @@
+"""Compare two folders of the benchmark's JSON reports (``bench_trace.py --reports``) field by field.
+
+Why: issue 11 asks that speed never come from judging less — reports of a tree must equal a frozen earlier tree's, apart
+from fields another change deliberately added. This prints, per report, every differing field (run info that says
+when/where the run went left out, as ``bench_trace._clean`` does) and sorts them into the fields named with
+``--allowed`` (a path's last key) and the rest; it exits 1 when any report is missing or differs outside them.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_trace import _clean, differences
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("before", type=Path)
+    p.add_argument("after", type=Path)
+    p.add_argument("--allowed", nargs="*", default=[], metavar="KEY",
+                   help="a field (the last key of its path) whose differences are deliberate")
+    args = p.parse_args()
+    bad = 0
+    names = sorted({f.name for f in args.before.glob("*.json")} | {f.name for f in args.after.glob("*.json")})
+    if not names:
+        print(f"no reports in {args.before} or {args.after}")
+        return 1
+    for name in names:
+        a, b = args.before / name, args.after / name
+        if not (a.exists() and b.exists()):
+            print(f"{name}: only in {'before' if a.exists() else 'after'}")
+            bad += 1
+            continue
+        diffs = differences(_clean(json.loads(a.read_text())), _clean(json.loads(b.read_text())), limit=10**6)
+        allowed = [d for d in diffs if d.split(":")[0].rsplit(".", 1)[-1].split("[")[0] in args.allowed]
+        other = [d for d in diffs if d not in allowed]
+        print(f"{name}: {len(diffs)} differing fields, {len(allowed)} in {args.allowed or 'no allowed field'}, "
+              f"{len(other)} elsewhere")
+        for d in (other or allowed)[:20]:
+            print("   ", d)
+        bad += bool(other)
+    print("EQUAL apart from the allowed fields" if not bad else "DIFFERENT")
+    return int(bool(bad))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
