@@ -2,7 +2,8 @@
 # Thirtieth round, one device call: install, build the kernels, the benchmark's reports (P1 without the oracle, P3
 # with it) compared with the twenty-sixth round's (bench/results/gpu_2026-12-04m/call4/reports: the tree before the
 # last three sessions' changes; only input_delta may differ, c1b2073), every GPU test (TESTS=0: skipped), then
-# P1 as the command's default runs it (BENCH=0: skipped). Logs under $OUT.
+# P1 as the command's default runs it (BENCH=0: skipped; P1_ROUNDS times, SEQ=1: sequential too).
+# REPORTS=0: no reports. Logs under $OUT.
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
@@ -10,13 +11,21 @@ python3 -c "import torch, transformers; print(torch.__version__, transformers.__
     | tee $OUT/env.log
 python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
 cd bench
-timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 \
-    --reports-only --reports $OUT/reports 2>&1 | grep -v Warn | tail -3
-sha256sum $OUT/reports/*.json | tee $OUT/hashes.txt
-python3 report_diff.py results/gpu_2026-12-04m/call4/reports $OUT/reports --allowed input_delta 2>&1 | tee $OUT/report_diff.log
+if [ "${REPORTS:-1}" = 1 ]; then
+    timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 \
+        --reports-only --reports $OUT/reports 2>&1 | grep -v Warn | tail -3
+    sha256sum $OUT/reports/*.json | tee $OUT/hashes.txt
+    python3 report_diff.py results/gpu_2026-12-04m/call4/reports $OUT/reports --allowed input_delta 2>&1 \
+        | tee $OUT/report_diff.log
+fi
 cd ..
 [ "${TESTS:-1}" = 0 ] || timeout 320 python3 -m pytest -m gpu tests -q -p no:cacheprovider -rf --tb=short 2>&1 \
     | tee $OUT/gpu_tests.log | tail -8
 cd bench
-[ "${BENCH:-1}" = 0 ] || timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 \
-    --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $OUT/p1.json 2>&1 | grep "^P" | tee $OUT/p1.log
+for i in $(seq ${P1_ROUNDS:-1}); do  # P1 as the command's default runs it, then (SEQ=1) one side after the other
+    [ "${BENCH:-1}" = 0 ] || timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 \
+        --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $OUT/p1_$i.json 2>&1 | grep "^P" \
+        | tee -a $OUT/p1.log
+    [ "${SEQ:-0}" = 0 ] || timeout 150 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 \
+        --prompt-len 128 --new-tokens 16 --goals P1 --json $OUT/p1_seq_$i.json 2>&1 | grep "^P" | tee -a $OUT/p1.log
+done

@@ -106,6 +106,8 @@ def submodule(scope: torch.nn.Module, path: str) -> Any:
 # Formulas bind the reference modules' ``forward`` *when they are built* (and the attention function
 # as registered then, with any ulptrace tap unwrapped): a candidate path that later patches a class,
 # a module-level function or HF's attention registry globally cannot change the reference semantics.
+# What the bound code looks up by name as it runs (a module's helpers, methods through the class) is
+# put back around each capture by ``ulptrace.oracle.environment``.
 
 
 def _call(path: str) -> Callable[[Any, Any], Formula]:

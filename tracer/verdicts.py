@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from ulptrace.comparison import bitwise_equal
 from ulptrace.oracle.intervals import elements_at_once
+from ulptrace.oracle.environment import Environment
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record
@@ -54,7 +55,9 @@ class OracleJudge:
 
     Build it while only the reference path is applied: the formulas bind the reference's modules and
     attention function at construction, so a candidate path applied later (even one that patches
-    classes or HF's attention registry globally) cannot leak into the semantics it is judged by.
+    classes or HF's attention registry globally) cannot leak into the semantics it is judged by; the names
+    their code looks up as it runs are put back, as they were at construction, around each capture
+    (``ulptrace.oracle.environment``).
 
     Args:
         reference_model: the model of the reference path (with that path applied), whose modules
@@ -79,6 +82,8 @@ class OracleJudge:
         self.sites: dict[str, Site] = {s.name: s for s in site_table(reference_model, warn=False)}
         # built now, before any candidate path is applied: see ulptrace.sites on binding formulas
         self._formulas = {name: s.formula(reference_model) for name, s in self.sites.items() if s.formula}
+        # and what their code looks up by name as it runs, put back around each capture (ulptrace.oracle.environment)
+        self._environment = Environment(reference_model)
         self.judge_reference = judge_reference
         self.hypotheses = hypotheses
         self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)
@@ -110,7 +115,7 @@ class OracleJudge:
             # name parameters as a kernel engineer reads them: relative to the layer ("linear_attn.A_log")
             scope = self._scope(site)
             try:
-                with _swapped(scope, swapped):
+                with _swapped(scope, swapped), self._environment.restored():
                     captured = capture_semantics(self._formulas[site.name], inputs,
                                                  constant_names={**self._named(site), **swapped}, name=site.name)
                 self._programs[key] = (captured, swapped)

@@ -194,6 +194,41 @@ def global_norm_class_patch(model):
     return undo
 
 
+def global_inner_norm_patch(model):
+    """Defect (error), on a name the bound forward looks up as it runs: Qwen3_5RMSNorm's ``_norm`` (which its
+    ``forward`` calls through the class) divides the sum of squares by n - 1, not n."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    original = Qwen3_5RMSNorm._norm
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) / (x.shape[-1] - 1) + self.eps)
+
+    Qwen3_5RMSNorm._norm = _norm
+
+    def undo():
+        Qwen3_5RMSNorm._norm = original
+
+    return undo
+
+
+def global_rotate_half_patch(model):
+    """Defect (error), on a module-level helper: ``rotate_half`` of the model's modeling module, which
+    ``apply_rotary_pos_emb`` reads from its globals, in the interleaved (GPT-J) layout instead of HF's halves."""
+    module = __import__(type(model).__module__, fromlist=["rotate_half"])
+    original = module.rotate_half
+
+    def rotate_half(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+    module.rotate_half = rotate_half
+
+    def undo():
+        module.rotate_half = original
+
+    return undo
+
+
 def _patch_rope(model, replacement):
     module = __import__(type(model).__module__, fromlist=["apply_rotary_pos_emb"])
     original = module.apply_rotary_pos_emb
