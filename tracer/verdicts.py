@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import torch
 from ulptrace.comparison import bitwise_equal
-from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.environment import Environment
+from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
 from ulptrace.trace import Record

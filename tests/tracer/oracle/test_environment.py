@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-import types
 
 import pytest
 import torch
 from ulptrace.oracle.environment import Environment
 
+SOURCE = """
+import torch
+
+FLAG = 1
+
+
+def helper(x):
+    return x * 2
+
+
+class Block(torch.nn.Module):
+    def inner(self, x):
+        return x + 1
+
+    def forward(self, x):
+        return helper(self.inner(x))
+"""
+
 
 @pytest.fixture
-def tiny_module(monkeypatch):
+def tiny_module(tmp_path, monkeypatch):
     """A model whose forward reads a module-level helper and a method through its class, from a module of its own."""
-    mod = types.ModuleType("ulptrace_env_fixture")
-    exec(
-        "import torch\n"
-        "def helper(x):\n    return x * 2\n"
-        "FLAG = 1\n"
-        "class Block(torch.nn.Module):\n"
-        "    def inner(self, x):\n        return x + 1\n"
-        "    def forward(self, x):\n        return helper(self.inner(x))\n",
-        mod.__dict__,
-    )
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    mod.Block.__module__ = mod.__name__
-    return mod
+    (tmp_path / "ulptrace_env_fixture.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ulptrace_env_fixture", raising=False)
+    module = importlib.import_module("ulptrace_env_fixture")
+    yield module
+    sys.modules.pop("ulptrace_env_fixture", None)
 
 
 def test_patched_names_are_put_back_inside_and_the_patch_restored_after(tiny_module) -> None:
