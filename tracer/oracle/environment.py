@@ -36,10 +36,6 @@ def _looked_up(value: Any) -> bool:
     return callable(value) or isinstance(value, (types.ModuleType, staticmethod, classmethod, property))
 
 
-def _entries(owner: Any) -> dict[str, Any]:
-    return {k: v for k, v in vars(owner).items() if _looked_up(v)}
-
-
 class Environment:
     """The namespaces ``model``'s code reads by name, as they are now (see the module docstring)."""
 
@@ -53,7 +49,7 @@ class Environment:
         packages = set()
         for cls in classes.values():
             found = sys.modules.get(cls.__module__)
-            if found is not None and cls not in _ALWAYS_CLASSES and not cls.__module__.startswith("torch"):
+            if found is not None and not cls.__module__.startswith("torch"):  # torch's: _ALWAYS
                 modules[id(found)] = found
                 packages.add(cls.__module__.split(".")[0])
         for found in list(modules.values()):  # one step on: the modules their globals' functions are defined in
@@ -63,24 +59,21 @@ class Environment:
                 name = getattr(value, "__module__", None)
                 if isinstance(name, str) and name.split(".")[0] in packages and name in sys.modules:
                     modules[id(sys.modules[name])] = sys.modules[name]
-        owners = [*modules.values(), *classes.values()]
-        # each owner's entries as two tuples, so that a check is a few C-level passes (a capture asks each time)
-        self._owners: list[tuple[Any, tuple[str, ...], tuple[Any, ...], int]] = []
-        for owner in owners:
-            entries = _entries(owner)
-            self._owners.append((owner, tuple(entries), tuple(entries.values()), len(vars(owner))))
+        # each owner's entries as they are (a dict) and its values in order (a tuple): a check first compares the
+        # values by identity in one C-level pass — no lookup by name, which a capture amid a run pays in cache misses
+        self._owners = [(owner, dict(vars(owner)), tuple(vars(owner).values()))
+                        for owner in [*modules.values(), *classes.values()]]
 
     def changed(self) -> list[tuple[Any, str, Any]]:
         """``(owner, name, value then)`` for every looked-up entry that is not what it was (``value then`` is a
         sentinel for an entry added since)."""
         out = []
-        for owner, names, values, size in self._owners:
+        for owner, then, values in self._owners:
             now = vars(owner)
-            if any(map(operator.is_not, map(now.get, names), values)):
-                out += [(owner, n, v) for n, v in zip(names, values, strict=True) if now.get(n, _MISSING) is not v]
-            if len(now) != size:
-                known = set(names)
-                out += [(owner, n, _MISSING) for n, v in now.items() if n not in known and _looked_up(v)]
+            if len(now) == len(values) and not any(map(operator.is_not, now.values(), values)):
+                continue  # every entry where it was
+            out += [(owner, n, v) for n, v in then.items() if _looked_up(v) and now.get(n, _MISSING) is not v]
+            out += [(owner, n, _MISSING) for n, v in now.items() if n not in then and _looked_up(v)]
         return out
 
     def describe(self, changes: list[tuple[Any, str, Any]]) -> list[str]:
