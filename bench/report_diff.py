@@ -25,6 +25,10 @@ def main() -> int:
     p.add_argument("--allowed", nargs="*", default=[], metavar="KEY",
                    help="a field (a key anywhere in its path) whose differences are deliberate")
     args = p.parse_args()
+    missing = [str(d) for d in (args.before, args.after) if not d.is_dir()]
+    if missing:
+        print(f"not a folder of reports: {', '.join(missing)}")
+        return 1
     bad = 0
     names = sorted({f.name for f in args.before.glob("*.json")} | {f.name for f in args.after.glob("*.json")})
     if not names:
