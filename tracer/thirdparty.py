@@ -39,11 +39,12 @@ import inspect
 import os
 import shutil
 import sys
-import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from ulptrace.attributes import AttributeSnapshot
 
 # -- optional dependencies -----------------------------------------------------------------------
 
@@ -257,59 +258,7 @@ for _fn, _name in ((compile_path, "compile"), (compile_emulate_path, "compile:em
     _fn.lowers_attention = True  # type: ignore[attr-defined]  # Inductor lowers SDPA itself: --sdpa does not reach it
 
 
-# -- restoring module, class and instance attributes --------------------------------------------------
-
-_MISSING = object()
-
-
-class AttributeSnapshot:
-    """The attributes of some modules, classes and objects, to put back exactly (identity of every value).
-
-    ``changes()`` lists what differs now (``module.attr`` names); ``restore()`` sets changed attributes back,
-    deletes added ones and re-adds removed ones. Values are compared by identity, so a function or class
-    swapped for another is found even where it compares equal.
-    """
-
-    def __init__(self, owners: Iterable[tuple[str, Any]]) -> None:
-        self._owners: list[tuple[str, Any, dict[str, Any]]] = []
-        seen: set[int] = set()
-        for label, owner in owners:
-            if id(owner) in seen:
-                continue
-            seen.add(id(owner))
-            self._owners.append((label, owner, dict(vars(owner))))
-
-    def changes(self) -> list[str]:
-        out = []
-        for label, owner, saved in self._owners:
-            now = vars(owner)
-            for key in sorted(set(now) | set(saved), key=str):
-                if now.get(key, _MISSING) is not saved.get(key, _MISSING):
-                    out.append(f"{label}.{key}")
-        return out
-
-    def restore(self) -> None:
-        for _, owner, saved in self._owners:
-            now = dict(vars(owner))
-            for key in now.keys() - saved.keys():
-                _delattr(owner, key)
-            for key, value in saved.items():
-                if now.get(key, _MISSING) is not value:
-                    _setattr(owner, key, value)
-
-
-def _setattr(owner: Any, key: str, value: Any) -> None:
-    if isinstance(owner, (type, types.ModuleType)):
-        setattr(owner, key, value)
-    else:  # an instance: write its __dict__ directly (nn.Module.__setattr__ would route parameters)
-        owner.__dict__[key] = value
-
-
-def _delattr(owner: Any, key: str) -> None:
-    if isinstance(owner, (type, types.ModuleType)):
-        delattr(owner, key)
-    else:
-        owner.__dict__.pop(key, None)
+# -- what a library that patches HF may change (put back by ulptrace.attributes) ---------------------------
 
 
 def _patchable_owners(model: Any) -> list[tuple[str, Any]]:

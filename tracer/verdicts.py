@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 from ulptrace.comparison import bitwise_equal
-from ulptrace.oracle.environment import Environment
+from ulptrace.oracle.environment import reference_namespaces
 from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
@@ -83,7 +83,7 @@ class OracleJudge:
         # built now, before any candidate path is applied: see ulptrace.sites on binding formulas
         self._formulas = {name: s.formula(reference_model) for name, s in self.sites.items() if s.formula}
         # and what their code looks up by name as it runs, put back around each capture (ulptrace.oracle.environment)
-        self._environment = Environment(reference_model)
+        self._environment = reference_namespaces(reference_model)
         self.judge_reference = judge_reference
         self.hypotheses = hypotheses
         self.shards = dict(shards or {})  # parameter name -> ShardedReduction: how the judged run splits it (TP)

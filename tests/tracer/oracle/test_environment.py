@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from ulptrace.oracle.environment import Environment
+from ulptrace.oracle.environment import reference_namespaces
 
 SOURCE = """
 import torch
@@ -42,9 +42,9 @@ def tiny_module(tmp_path, monkeypatch):
 def test_patched_names_are_put_back_inside_and_the_patch_restored_after(tiny_module) -> None:
     block = tiny_module.Block()
     forward = block.forward  # bound now, as a formula binds it
-    env = Environment(block)
+    env = reference_namespaces(block)
     x = torch.tensor([1.0, 2.0])
-    assert env.changed() == []
+    assert env.changes() == []
     original_helper = tiny_module.helper
     tiny_module.helper = lambda x: x * 3  # a module global the forward reads as it runs
     tiny_module.Block.inner = lambda self, x: x - 1  # a method read through the class
@@ -67,7 +67,7 @@ def test_patched_names_are_put_back_inside_and_the_patch_restored_after(tiny_mod
 
 
 def test_a_method_removed_since_is_put_back_and_data_entries_are_left_alone(tiny_module) -> None:
-    env = Environment(tiny_module.Block())
+    env = reference_namespaces(tiny_module.Block())
     tiny_module.FLAG = 2  # data, not a name code calls: not put back
     original = tiny_module.Block.inner
     del tiny_module.Block.inner
@@ -75,4 +75,4 @@ def test_a_method_removed_since_is_put_back_and_data_entries_are_left_alone(tiny
         assert names == ["Block.inner"] and tiny_module.Block.inner is original and tiny_module.FLAG == 2
     assert "inner" not in vars(tiny_module.Block)
     tiny_module.Block.inner = original
-    assert env.changed() == []
+    assert env.changes() == []
