@@ -80,6 +80,8 @@ class SiteDiff:
     dtype: str
     shape: list[int]
     input_delta: dict[str, int | None] = field(default_factory=dict)
+    # recorded inputs of another shape on the two sides (their delta is None): role -> [reference's, candidate's]
+    input_shapes: dict[str, list[list[int]]] = field(default_factory=dict)
     verdicts: dict[str, int] | None = None
     boundary: str | None = None
     explained: float | None = None
@@ -105,8 +107,9 @@ class SiteDiff:
 
     @property
     def inputs_differ(self) -> bool:
-        """Some recorded input measurably differs (None, e.g. a mask one path leaves to the kernel, is no evidence)."""
-        return any(v for v in self.input_delta.values())
+        """Some recorded input measurably differs, or is of another shape on the two sides (None otherwise, e.g. a mask
+        one path leaves to the kernel, is no evidence)."""
+        return bool(self.input_shapes) or any(v for v in self.input_delta.values())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -272,11 +275,16 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
         }
     # statistics where the candidate's record was produced, started without waiting for the device
     inputs: dict[str, Stats | None] = {}
+    reshaped: dict[str, list[list[int]]] = {}
     candidate_inputs = candidate.inputs
     for role, r_in in reference.inputs.items():
         c_in = candidate_inputs.get(role)
         if c_in is None or c_in.shape != r_in.shape:
             inputs[role] = None
+            # both recorded as floats of one dtype, shaped otherwise: another quantity (rotary tables of another
+            # width), by no ULP count; a mask a path encodes otherwise (bool, another dtype) or leaves out is no evidence
+            if c_in is not None and c_in.dtype == r_in.dtype and r_in.is_floating_point():
+                reshaped[role] = [list(r_in.shape), list(c_in.shape)]
             continue
         if c_in.dtype != r_in.dtype:  # stored in another float dtype: compared as the output is; else not at all
             both_float = c_in.is_floating_point() and r_in.is_floating_point()
@@ -292,7 +300,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     if known is not None and not cast:  # the output as recorded (not cast): another record may read it
         known.put(reference.out, candidate.out, stats)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
-                           list(shape), dtype_name(dtype), note, stats, inputs)
+                           list(shape), dtype_name(dtype), note, stats, inputs, reshaped)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending
@@ -309,6 +317,7 @@ class _PendingDiff:
     note: str | None
     stats: Stats
     inputs: dict[str, Stats | None]
+    reshaped: dict[str, list[list[int]]]  # SiteDiff.input_shapes
     judged: Any = None  # the judge's fields, or an answer still on its way (SiteJudge)
 
 
@@ -357,7 +366,7 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
         diff = SiteDiff(
             site=site, step=step, kind=kind, layer=layer, elements=p.elements, differing=stats.differing,
             max_ulp=stats.max_ulp, histogram=stats.histogram, bitwise_equal=stats.equal, dtype=p.dtype,
-            shape=p.shape, input_delta=inputs, note=p.note, max_row_ulp=stats.max_row_ulp,
+            shape=p.shape, input_delta=inputs, input_shapes=p.reshaped, note=p.note, max_row_ulp=stats.max_row_ulp,
             row_histogram=stats.row_histogram,
         )
         judged = p.judged
@@ -583,7 +592,10 @@ def _onset_failure(reason: str, hit: list[SiteDiff], budget: int) -> Failure:
                + ("its recorded inputs are bitwise equal" if first.input_delta else
                   "every record before it in the same step is bitwise equal"))
     else:
-        why = "its inputs already differ while every earlier record is bitwise equal (divergence in unobserved code)"
+        shaped = "".join(f"; its input '{role}' is {ref} in the reference, {cand} in the candidate"
+                         for role, (ref, cand) in first.input_shapes.items())
+        why = ("its inputs already differ while every earlier record is bitwise equal (divergence in unobserved "
+               f"code){shaped}")
     return Failure(reason, len(hit), _where(first), f"{len(hit)} {reason} onset(s); first at {_at(first)}: {why}")
 
 

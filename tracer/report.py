@@ -129,6 +129,14 @@ def _parity(data: dict[str, Any]) -> list[str]:
 
 
 # (header, cell) of every column, in display order
+def _input_delta(s: dict[str, Any]) -> str:
+    """Each recorded input that differs: its ULPs, or ``shape REFxREF/CANDxCAND`` where it is shaped otherwise."""
+    shown = [f"{k}:{v}" for k, v in s["input_delta"].items() if v]
+    shown += [f"{k}:shape {'x'.join(map(str, a))}/{'x'.join(map(str, b))}" for k, (a, b) in
+              s.get("input_shapes", {}).items()]
+    return ",".join(shown) or "-"
+
+
 _COLUMNS: list[tuple[str, Any]] = [
     ("step", lambda s: str(s["step"])),
     ("site", lambda s: s["site"]),
@@ -140,7 +148,7 @@ _COLUMNS: list[tuple[str, Any]] = [
     ("ulp histogram", lambda s: _hist(s["histogram"])),
     ("row-ulp histogram", lambda s: _hist(s.get("row_histogram") or {}, ROW_HISTOGRAM_BUCKETS)),
     ("verdicts", _verdicts),
-    ("input delta (ulp)", lambda s: ",".join(f"{k}:{v}" for k, v in s["input_delta"].items() if v) or "-"),
+    ("input delta (ulp)", lambda s: _input_delta(s)),
     ("boundary", lambda s: _boundary(s)),
     ("could not judge", lambda s: s.get("could_not_judge") or ""),
 ]

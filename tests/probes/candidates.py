@@ -282,6 +282,24 @@ def rope_query_offset(model):
     return _patch_rope(model, rope)
 
 
+def rope_full_width_tables(model):
+    """Defect in code no site observes: the rotary tables are built for the whole head dim (a kernel that ignores
+    ``partial_rotary_factor``), so every query and key is rotated in all its dims — the rope site's ``cos``/``sin``
+    inputs come in another shape."""
+    rotary = model.model.rotary_emb
+    config = model.config
+    head_dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_parameters["rope_theta"]
+                      ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    original = rotary.inv_freq
+    rotary.inv_freq = inv_freq.to(original.device)
+
+    def undo():
+        rotary.inv_freq = original
+
+    return undo
+
+
 def rope_fp32(model):
     """Boundary: RoPE computed in FP32 with one final rounding, as fused rotary kernels do (HF rounds the
     two products and the sum in BF16)."""

@@ -124,6 +124,27 @@ def test_divergence_in_unobserved_code_is_the_onset_where_it_first_shows(tmp_pat
     assert data["first_difference"]["site"] == site
 
 
+def test_inputs_of_another_shape_locate_the_onset_where_they_first_show(tmp_path, monkeypatch) -> None:
+    """Rotary tables of the whole head dim where Qwen3.5 rotates a quarter of it (found by an audit): the rope
+    site's cos/sin inputs are float tensors of another shape — no ULP count, but they differ — so the first record
+    they reach is the onset, ``unobserved``, with both shapes named (before, the onset was none: the oracle could
+    not judge the site, and that was all)."""
+    from ulptrace.models import build_model
+
+    config = build_model("tiny-qwen3.5").config
+    data = _onset(tmp_path, monkeypatch, "candidates:rope_full_width_tables", "--model", "tiny-qwen3.5")
+    site = data["first_difference"]["site"]
+    assert site.endswith(".self_attn.q_rope")
+    assert data["onset"] == {"step": 0, "site": site, "kind": "rope", "layer": int(site.split(".")[1]),
+                             "reason": "unobserved"}
+    first = next(s for s in data["sites"] if s["site"] == site and s["step"] == 0)
+    rotary = int(config.head_dim * config.rope_parameters["partial_rotary_factor"])
+    assert sorted(first["input_shapes"]) == ["cos", "sin"]
+    for reference, candidate in first["input_shapes"].values():
+        assert (reference[-1], candidate[-1]) == (rotary, config.head_dim) and reference[:-1] == candidate[:-1]
+    assert data["parity"]["ok"] is False
+
+
 @pytest.mark.parametrize("candidate", ["candidates:rope_key_nan", "candidates:rope_key_inf"])
 @pytest.mark.parametrize("model, site", [("tiny-llama", "layers.0.self_attn.core"),
                                          ("tiny-qwen3.5", "layers.1.self_attn.core")])
