@@ -4,8 +4,8 @@
 # beside; made from `git archive`), imported by PYTHONPATH. Two measurements, alternating variants:
 #   SIDE="pkg30 tree ..." — bench_side_parts.py (this tree's script; each variant's package) in one process each: the
 #       reference's and the candidate's traced runs against their untraced ones, inside and outside the hooks;
-#   P1="pkg30 tree tree+malloc ..." — P1 as the command's default runs it (bench_trace.py --goals P1 --concurrent
-#       auto, each variant's own script); `tree+malloc` is this tree with MALLOC_TOP_PAD_ set to glibc's default,
+#   P1="pkg30 tree treemalloc ..." — P1 as the command's default runs it (bench_trace.py --goals P1 --concurrent
+#       auto, each variant's own script); `treemalloc` is this tree with MALLOC_TOP_PAD_ set to glibc's default,
 #       so ulptrace.host_memory leaves malloc alone in every process (bc78fb5 undone without a code change).
 # ROUNDS repeats the lists. Logs under $OUT (one line per run in side.log / p1.log, with the variant and the time).
 set -uo pipefail
@@ -29,7 +29,7 @@ side() {  # variant
 }
 p1() {  # variant round
     local dir=$root/bench pp="" envs=""
-    case $1 in tree) ;; tree+malloc) envs="MALLOC_TOP_PAD_=131072" ;; *) dir=$root/.base/$1/bench pp=$root/.base/$1 ;; esac
+    case $1 in tree) ;; treemalloc) envs="MALLOC_TOP_PAD_=131072" ;; *) dir=$root/.base/$1/bench pp=$root/.base/$1 ;; esac
     (cd $dir && env $envs PYTHONPATH=$pp timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b \
         --prompts 8 --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $OUT/p1_${1}_$2.json 2>&1 \
         | grep "^P" | sed "s/^/$1 r$2 $(date +%T) /" | tee -a $OUT/p1.log)
