@@ -32,6 +32,7 @@ class AttributeSnapshot:
 
     def __init__(self, owners: Iterable[tuple[str, Any]], tracked: Callable[[Any], bool] | None = None) -> None:
         self._tracked = tracked or (lambda value: True)
+        self._depth = 0  # restored() contexts entered and not left
         self._owners: list[tuple[str, Any, dict[str, Any], tuple[Any, ...]]] = []
         seen: set[int] = set()
         for label, owner in owners:
@@ -66,14 +67,24 @@ class AttributeSnapshot:
     @contextlib.contextmanager
     def restored(self) -> Iterator[list[str]]:
         """Inside: every changed entry as it was when this was made (yields their ``label.name``); after, even after
-        an error: as it was before."""
+        an error: as it was before. Re-entrant: inside another ``restored()`` of this snapshot it checks nothing and
+        yields ``[]`` (a caller may hold it around many captures, each of which asks for it)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield []
+            finally:
+                self._depth -= 1
+            return
         changes = self.changed()
         now = [(owner, name, vars(owner).get(name, MISSING)) for _, owner, name, _ in changes]
+        self._depth = 1
         try:
             for _, owner, name, value in changes:
                 _put(owner, name, value)
             yield [f"{label}.{name}" for label, _, name, _ in changes]
         finally:
+            self._depth = 0
             for owner, name, value in now:
                 _put(owner, name, value)
 

@@ -78,3 +78,21 @@ def test_tracked_entries_only() -> None:
     with snapshot.restored():
         assert not hasattr(module, "flag")
     assert module.flag is len
+
+
+def test_restored_is_reentrant_and_the_outer_exit_gives_the_changes_back() -> None:
+    module, _, _ = _owners()
+    helper = module.helper
+    snapshot = AttributeSnapshot([("mod", module)])
+    patched = module.helper = len
+    with snapshot.restored() as outer:
+        assert outer == ["mod.helper"] and module.helper is helper
+        with snapshot.restored() as inner:  # already restored: nothing checked, nothing put back on leaving
+            assert inner == [] and module.helper is helper
+        assert module.helper is helper
+    assert module.helper is patched
+    with pytest.raises(ValueError), snapshot.restored(), snapshot.restored():
+        raise ValueError("a failed capture inside")
+    assert module.helper is patched
+    with snapshot.restored() as again:  # the depth went back to 0: a check again
+        assert again == ["mod.helper"]
