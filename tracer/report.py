@@ -128,7 +128,6 @@ def _parity(data: dict[str, Any]) -> list[str]:
     return ["parity: NOT at parity"] + [f"  - {f['kind']}: {f['message']}" for f in parity["failures"]]
 
 
-# (header, cell) of every column, in display order
 def _input_delta(s: dict[str, Any]) -> str:
     """Each recorded input that differs: its ULPs, or ``shape REFxREF/CANDxCAND`` where it is shaped otherwise."""
     shown = [f"{k}:{v}" for k, v in s["input_delta"].items() if v]
@@ -137,6 +136,7 @@ def _input_delta(s: dict[str, Any]) -> str:
     return ",".join(shown) or "-"
 
 
+# (header, cell) of every column, in display order
 _COLUMNS: list[tuple[str, Any]] = [
     ("step", lambda s: str(s["step"])),
     ("site", lambda s: s["site"]),
@@ -148,7 +148,7 @@ _COLUMNS: list[tuple[str, Any]] = [
     ("ulp histogram", lambda s: _hist(s["histogram"])),
     ("row-ulp histogram", lambda s: _hist(s.get("row_histogram") or {}, ROW_HISTOGRAM_BUCKETS)),
     ("verdicts", _verdicts),
-    ("input delta (ulp)", lambda s: _input_delta(s)),
+    ("input delta (ulp)", _input_delta),
     ("boundary", lambda s: _boundary(s)),
     ("could not judge", lambda s: s.get("could_not_judge") or ""),
 ]

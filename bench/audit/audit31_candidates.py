@@ -496,16 +496,9 @@ def v03_linear_fp32_accum(model):
     return _restore_attrs(patched)
 
 
-def v05_rope_tables_recomputed(model):
-    """VALID: the rotary tables recomputed in FP32 from the positions as a kernel does:
-    inv_freq = exp(-ln(theta) * 2i/d) (HF: 1 / theta ** (2i/d)), cos/sin in FP32, rounded to BF16."""
-    rot = model.model.rotary_emb
+def _rotary_with(rot, inv):
+    """The rotary embedding ``rot`` computing its tables from ``inv`` (its inv_freq) in each forward; undo restores."""
     original = rot.forward
-    theta = model.config.rope_parameters["rope_theta"]
-    n = rot.inv_freq.shape[0]
-    dim = 2 * n
-    inv = torch.exp(-math.log(theta) * (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-    diff = int((inv != rot.inv_freq.cpu()).sum())
 
     def forward(x, position_ids, *a, **kw):
         saved = rot.inv_freq
@@ -516,8 +509,20 @@ def v05_rope_tables_recomputed(model):
             rot.inv_freq = saved
 
     rot.forward = forward
-    print(f"[v05] inv_freq elements differing from HF's: {diff} of {n}", file=sys.stderr)
     return _restore_attrs([(rot, "forward")])
+
+
+def v05_rope_tables_recomputed(model):
+    """VALID: the rotary tables recomputed in FP32 from the positions as a kernel does:
+    inv_freq = exp(-ln(theta) * 2i/d) (HF: 1 / theta ** (2i/d)), cos/sin in FP32, rounded to BF16."""
+    rot = model.model.rotary_emb
+    theta = model.config.rope_parameters["rope_theta"]
+    n = rot.inv_freq.shape[0]
+    dim = 2 * n
+    inv = torch.exp(-math.log(theta) * (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    diff = int((inv != rot.inv_freq.cpu()).sum())
+    print(f"[v05] inv_freq elements differing from HF's: {diff} of {n}", file=sys.stderr)
+    return _rotary_with(rot, inv)
 
 
 def v06_down_proj_fused_residual(model):
@@ -586,21 +591,10 @@ def v09_attention_mask_all_ones(model):
 def d18_rope_theta_wrong(model):
     """DEFECT: the fused rotary kernel hard-codes theta = 1e6 (Qwen2's) for a model configured with 1e4."""
     rot = model.model.rotary_emb
-    original = rot.forward
     n = rot.inv_freq.shape[0]
     dim = 2 * n
     inv = 1.0 / (1e6 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-
-    def forward(x, position_ids, *a, **kw):
-        saved = rot.inv_freq
-        rot.inv_freq = inv.to(saved.device)
-        try:
-            return original(x, position_ids, *a, **kw)
-        finally:
-            rot.inv_freq = saved
-
-    rot.forward = forward
-    return _restore_attrs([(rot, "forward")])
+    return _rotary_with(rot, inv)
 
 
 # ============================================================================================ second batch
