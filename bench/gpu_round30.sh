@@ -15,7 +15,8 @@ if [ "${REPORTS:-1}" = 1 ]; then
     timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 \
         --reports-only --reports $OUT/reports 2>&1 | grep -v Warn | tail -3
     sha256sum $OUT/reports/*.json | tee $OUT/hashes.txt
-    python3 report_diff.py results/gpu_2026-12-04m/call4/reports $OUT/reports --allowed input_delta input_shapes 2>&1 \
+    python3 report_diff.py results/gpu_2026-12-04m/call4/reports $OUT/reports --allowed input_delta input_shapes \
+        --new-sites output 2>&1 \
         | tee $OUT/report_diff.log
 fi
 cd ..

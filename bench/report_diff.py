@@ -24,6 +24,8 @@ def main() -> int:
     p.add_argument("after", type=Path)
     p.add_argument("--allowed", nargs="*", default=[], metavar="KEY",
                    help="a field (a key anywhere in its path) whose differences are deliberate")
+    p.add_argument("--new-sites", nargs="*", default=[], metavar="SITE",
+                   help="sites only the later tree records: left out of its reports before comparing")
     args = p.parse_args()
     missing = [str(d) for d in (args.before, args.after) if not d.is_dir()]
     if missing:
@@ -40,7 +42,14 @@ def main() -> int:
             print(f"{name}: only in {'before' if a.exists() else 'after'}")
             bad += 1
             continue
-        diffs = differences(_clean(json.loads(a.read_text())), _clean(json.loads(b.read_text())), limit=10**6)
+        after = json.loads(b.read_text())
+        new = [s for s in after.get("sites", []) if s.get("site") in args.new_sites]
+        if args.new_sites:
+            after = {**after, **{key: [s for s in after.get(key, []) if s.get("site") not in args.new_sites]
+                                 for key in ("sites", "could_not_judge")}}
+            print(f"{name}: {len(new)} record(s) of the new sites left out "
+                  f"({sum(not s['bitwise_equal'] for s in new)} differ)")
+        diffs = differences(_clean(json.loads(a.read_text())), _clean(after), limit=10**6)
         allowed = [d for d in diffs if set(_keys(d.split(":")[0])) & set(args.allowed)]
         other = [d for d in diffs if d not in allowed]
         print(f"{name}: {len(diffs)} differing fields, {len(allowed)} in {args.allowed or 'no allowed field'}, "

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
+from ulptrace.masks import STRUCTURAL_INPUTS, not_hidden, same_meaning_pair
 from ulptrace.oracle.judge import WORSE_THAN_TIE
 from ulptrace.record import LIVE_BYTES
 from ulptrace.trace import Record, Trace, dtype_name
@@ -204,11 +205,7 @@ def without_cache_padding(record: Record) -> Record:
     elif mask.shape[-1] != length:
         return record
     else:
-        if mask.dtype == torch.bool:
-            live = mask
-        else:
-            live = (mask != float("-inf")) & (mask != torch.finfo(mask.dtype).min)
-        live = live.reshape(-1, length).any(0)
+        live = not_hidden(mask).reshape(-1, length).any(0)
         used = int(live.nonzero().max()) + 1 if bool(live.any()) else 0
     if used == length:
         return record
@@ -279,10 +276,15 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     candidate_inputs = candidate.inputs
     for role, r_in in reference.inputs.items():
         c_in = candidate_inputs.get(role)
+        if role in STRUCTURAL_INPUTS and c_in is not None and (c_in.dtype != r_in.dtype or c_in.shape != r_in.shape):
+            # a mask encoded or shaped otherwise (bool / additive, broadcast): compared by what it lets through
+            pair = same_meaning_pair(r_in, c_in)
+            inputs[role] = None if pair is None else _stats(*pair, False)
+            continue
         if c_in is None or c_in.shape != r_in.shape:
             inputs[role] = None
             # both recorded as floats of one dtype, shaped otherwise: another quantity (rotary tables of another
-            # width), by no ULP count; a mask a path encodes otherwise (bool, another dtype) or leaves out is no evidence
+            # width), by no ULP count; a mask a path leaves out, or one with no plain visibility, is no evidence
             if c_in is not None and c_in.dtype == r_in.dtype and r_in.is_floating_point():
                 reshaped[role] = [list(r_in.shape), list(c_in.shape)]
             continue

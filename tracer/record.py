@@ -283,8 +283,9 @@ def _first_tensor(value: Any, index: int = 0) -> torch.Tensor | None:
     if isinstance(value, (tuple, list)):
         tensors = [v for v in value if isinstance(v, torch.Tensor)]
         return tensors[index] if len(tensors) > index else None
-    if hasattr(value, "to_tuple"):  # HF ModelOutput
-        return _first_tensor(value.to_tuple(), index)
+    if hasattr(value, "to_tuple"):  # HF ModelOutput: a causal LM's logits, whether or not a loss comes first
+        logits = value.get("logits") if index == 0 and hasattr(value, "get") else None
+        return logits if isinstance(logits, torch.Tensor) else _first_tensor(value.to_tuple(), index)
     return None
 
 

@@ -274,6 +274,18 @@ def _logits(scope: Any, model: Any) -> Formula:
     return lambda x: head(x)
 
 
+def _returned(scope: Any, model: Any) -> Formula:
+    """Formula: what the model returns made from its head's output — unchanged, or soft-capped where the config
+    asks for it (Gemma 2's ``final_logit_softcapping``: ``tanh(x / cap) * cap`` in the logits' dtype, as HF does).
+    Observed after the model's own forward, so a temperature, a logit bias or a cast that a path applies around
+    the head is judged, not only the head's own module."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is None:
+        return lambda x: x.clone()  # (a program needs an op: a copy, exact)
+    return lambda x: torch.tanh(x / cap) * cap
+
+
 # Rows shared by every decoder-only family whose module names agree (Llama, Qwen2/3, Mistral,
 # Qwen3.5): norms, attention, MLP/GLU, residual stream.
 _COMMON_LAYER_ROWS: tuple[Row, ...] = (
@@ -332,11 +344,13 @@ _GDN_ROWS: tuple[Row, ...] = (
         {"x": ("linear_attn.out_proj", "in0")}, _call("linear_attn.out_proj")),
 )
 
-# Model-level rows (scope: the model root; "@body" is the decoder stack's owner, "@head" the LM head).
+# Model-level rows (scope: the model root; "@body" is the decoder stack's owner, "@head" the LM head; "" the model
+# itself, whose "out" is the logits it returns).
 _MODEL_ROWS: tuple[Row, ...] = (
     Row("embed", "other", "@embed", ("@embed", "out")),
     Row("norm", "norm", "@body.norm", ("@body.norm", "out"), {"x": ("@body.norm", "in0")}, _final_norm),
     Row("logits", "logits", "@head", ("@head", "out"), {"x": ("@head", "in0")}, _logits),
+    Row("output", "logits", "", ("", "out"), {"x": ("@head", "out")}, _returned),  # the logits the model returns
 )
 
 
@@ -521,6 +535,7 @@ def _fallback_sites(model: Any) -> list[Site]:
             if layer is None:
                 layer = next((i for p, i in layer_paths.items() if name.startswith(p + ".")), None)
             sites.append(Site(name, "other", layer, Obs(name, "out")))
+    sites.append(Site("output", "other", None, Obs("", "out")))  # what the model returns: changed after any module
     return sites
 
 

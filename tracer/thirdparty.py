@@ -144,8 +144,9 @@ def availability() -> dict[str, str | None]:
 # -- torch.compile ---------------------------------------------------------------------------------
 
 COMPILE_OBSERVED = ("sites whose output and oracle inputs are operands or results of the kernels Inductor "
-                    "calls out to (nn.Linear matmuls, the attention kernel): materialised in the compiled "
-                    "program anyway, so recording them does not change what it computes; norms, residual adds, "
+                    "calls out to (nn.Linear matmuls, the attention kernel) or what the model returns: "
+                    "materialised in the compiled program anyway, so recording them does not change what it "
+                    "computes; norms, residual adds, "
                     "gates and the GatedDeltaNet scan are fused by Inductor and not observed")
 _ATTENTION_TAPS = ("tap.query", "tap.key", "tap.value", "tap.mask", "tap.core")
 
@@ -162,6 +163,8 @@ def _materialised(model: Any, obs: Any) -> bool:
     except AttributeError:
         return False
     if obs.at in ("in0", "out") and isinstance(module, torch.nn.Linear):
+        return True
+    if obs.module == "" and obs.at == "out":  # what the compiled program returns
         return True
     return obs.at in _ATTENTION_TAPS and not is_gated_deltanet(module)
 

@@ -22,14 +22,14 @@ from typing import Any, NamedTuple
 
 import torch
 from ulptrace.comparison import bitwise_equal
+from ulptrace.masks import STRUCTURAL_INPUTS, encoded_like
 from ulptrace.oracle.environment import reference_namespaces
 from ulptrace.oracle.intervals import elements_at_once
 from ulptrace.oracle.judge import VERDICTS, empty_verdict_histogram, verdict_histogram
 from ulptrace.sites import BATCH_WISE_KINDS, ROW_WISE_KINDS, Site, decoder_layers, site_table
-from ulptrace.trace import Record
+from ulptrace.trace import Record, dtype_name
 from ulptrace.ulp import parts_differ
 
-STRUCTURAL_INPUTS = ("attention_mask",)
 STACKED_KINDS = ROW_WISE_KINDS + BATCH_WISE_KINDS
 """Kinds whose records ``OracleJudge.replayed_many`` stacks along dimension 0: their semantics treat each batch item
 (and a row-wise kind each row) alone."""
@@ -451,12 +451,22 @@ class OracleJudge:
 
         Structural inputs (the attention mask) are not activations: one path may pass an explicit
         causal mask where the other lets the kernel mask, so the reference's mask stands in for a
-        missing one and an extra one is dropped — the reference's formula defines the masking.
+        missing one and an extra one is dropped — the reference's formula defines the masking. A mask
+        encoded otherwise (bool where the reference's is additive, or the other way) is the candidate's
+        own mask written in the reference's encoding (``ulptrace.masks``): what it lets through is judged.
         """
         inputs = {}
         for role, tensor in reference.inputs.items():
             if role in candidate.inputs:
-                inputs[role] = candidate.inputs[role]
+                given = candidate.inputs[role]
+                if role in STRUCTURAL_INPUTS and (given.dtype != tensor.dtype or given.shape != tensor.shape):
+                    given = encoded_like(given, tensor)
+                    if given is None:
+                        return (f"candidate's {role} ({dtype_name(candidate.inputs[role].dtype)} "
+                                f"{list(candidate.inputs[role].shape)}) cannot be written as the reference's "
+                                f"({dtype_name(tensor.dtype)} {list(tensor.shape)}): not only visible or hidden, "
+                                "or of a shape that does not broadcast")
+                inputs[role] = given
             elif role in STRUCTURAL_INPUTS:
                 inputs[role] = tensor
             else:

@@ -322,3 +322,79 @@ def gdn_scan_bug(model):
     handles = [tap(mq, name).add_result_transform(result)
                for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")]
     return lambda: [h.remove() for h in handles]
+
+
+def _wrap_returned_logits(model, change):
+    """Wrap the model's forward (an instance attribute, as a kernel library's model wrapper installs it) and apply
+    ``change`` to the logits it returns — after the LM head module, outside every module ulptrace hooks."""
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = change(out.logits)
+        return out
+
+    model.forward = forward
+
+    def undo():
+        del model.forward
+
+    return undo
+
+
+def logits_scaled_outside_head(model):
+    """Defect after the last module: the returned logits are scaled by (1 + 2^-4) (a temperature folded into the
+    model wrapper), the LM head's own output unchanged."""
+    return _wrap_returned_logits(model, lambda logits: (logits.float() * (1 + 2 ** -4)).to(logits.dtype))
+
+
+def logits_upcast_outside_head(model):
+    """Valid variant: the model wrapper returns the logits as float32 (what generation converts them to anyway)."""
+    return _wrap_returned_logits(model, lambda logits: logits.float())
+
+
+def _mask_builder(model, **forced):
+    """Call the modeling module's causal-mask builder with ``forced`` keyword arguments (outside every site)."""
+    import sys
+
+    module = sys.modules[type(model).__module__]
+    original = module.create_causal_mask
+
+    def create(*args, **kwargs):
+        return original(*args, **{**kwargs, **forced})
+
+    module.create_causal_mask = create
+
+    def undo():
+        module.create_causal_mask = original
+
+    return undo
+
+
+def mask_sees_next_token(model):
+    """Defect outside every site: the mask builder also lets each query see the next token (an ``or`` mask function
+    a serving layer adds), always materialised — a bool mask under SDPA."""
+    return _mask_builder(model, or_mask_function=lambda b, h, q, kv: kv == q + 1, allow_is_causal_skip=False)
+
+
+def mask_always_explicit(model):
+    """Valid variant: the mask builder always materialises the correct causal mask (never leaves it to SDPA's
+    ``is_causal``) — a bool mask where eager attention's is additive."""
+    return _mask_builder(model, allow_is_causal_skip=False)
+
+
+def down_proj_fp32_into_residual(model):
+    """Valid variant, a deliberate boundary: down_proj's FP32 result goes into the residual add unrounded and the sum
+    is rounded once (a GEMM with a fused residual epilogue) — the next site receives an FP32 value where HF hands
+    on BF16."""
+    handles = []
+    for layer in model.model.layers:
+        handles.append(layer.mlp.down_proj.register_forward_hook(
+            lambda m, args, out: F.linear(args[0].float(), m.weight.float())))
+
+        def round_once(m, args, kwargs, out):
+            dtype = (args[0] if args else kwargs["hidden_states"]).dtype
+            return out.to(dtype) if isinstance(out, torch.Tensor) else (out[0].to(dtype), *out[1:])
+
+        handles.append(layer.register_forward_hook(round_once, with_kwargs=True))
+    return lambda: [h.remove() for h in handles]

@@ -190,3 +190,71 @@ def test_a_scan_bug_is_an_error_at_the_scan_on_equal_inputs(tmp_path, monkeypatc
         assert core["verdicts"]["error"] > 0
         assert set(core["input_delta"]) == {"query", "key", "value", "g", "beta"}
         assert all(v == 0 for v in core["input_delta"].values())
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_logits_changed_after_the_head_module_are_an_error_at_the_output(tmp_path, monkeypatch, model) -> None:
+    """A temperature applied in a wrapped ``model.forward`` (found by an audit): the LM head's output is bitwise
+    equal, so before, no record differed and the run read as at parity with every greedy token flipped. What the
+    model returns is the site ``output``, judged against the head's output it should equal."""
+    data = _onset(tmp_path, monkeypatch, "candidates:logits_scaled_outside_head", "--model", model)
+    assert data["onset"] == {"step": 0, "site": "output", "kind": "logits", "layer": None, "reason": "verdict"}
+    differing = [s for s in data["sites"] if not s["bitwise_equal"]]
+    assert {s["site"] for s in differing} == {"output"} and len(differing) == 2  # the prefill and one decode step
+    assert all(s["verdicts"]["error"] > 0 for s in differing)
+    assert data["parity"]["ok"] is False and data["parity"]["failures"][0]["kind"] == "error"
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_logits_returned_in_float32_are_exact_and_at_parity(tmp_path, monkeypatch, model) -> None:
+    """The valid twin: the same wrapper returning the logits upcast to float32 changes no value."""
+    data = _onset(tmp_path, monkeypatch, "candidates:logits_upcast_outside_head", "--model", model)
+    assert data["onset"] is None and data["parity"]["ok"] is True
+    output = [s for s in data["sites"] if s["site"] == "output"]
+    assert len(output) == 2 and all("candidate stores float32" in s["note"] for s in output)
+
+
+def _first_core(data: dict) -> dict:
+    return next(s for s in data["sites"] if s["site"].endswith("self_attn.core") and s["step"] == 0)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_masks_encoded_otherwise_are_compared_by_what_they_let_through(tmp_path, monkeypatch, model) -> None:
+    """Found by an audit: a bool mask (SDPA) against an additive one (eager reference) was no evidence and could
+    not be judged (another dtype), so a mask that lets each query see the next token read as at parity with
+    ``--allow-could-not-judge``. Now the masks are compared by meaning: the defect is the onset where it first
+    shows (the mask was built outside every site) and its valid twin, the correct mask made explicit, has equal
+    masks and is judged with them (SDPA against eager: a named boundary, nothing else)."""
+    eager = ["--model", model, "--reference", "hf:attn=eager"]
+    wrong = _onset(tmp_path, monkeypatch, "candidates:mask_sees_next_token", *eager)
+    core = _first_core(wrong)
+    assert core["input_delta"]["attention_mask"] > 0 and core["could_not_judge"] is None
+    assert wrong["onset"] == {"step": 0, "site": core["site"], "kind": "attention", "layer": core["layer"],
+                              "reason": "unobserved"}
+    assert "unobserved" in {f["kind"] for f in wrong["parity"]["failures"]}
+
+    right = _onset(tmp_path, monkeypatch, "candidates:mask_always_explicit", *eager)
+    core = _first_core(right)
+    assert core["input_delta"]["attention_mask"] == 0 and core["could_not_judge"] is None
+    assert core["verdicts"]["error"] == 0 and core["verdicts"]["boundary"] > 0
+    assert right["onset"]["reason"] == "verdict" and right["onset"]["site"] == core["site"]
+    assert {f["kind"] for f in right["parity"]["failures"]} == {"boundary"} and not right["could_not_judge"]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-llama"])
+def test_a_value_handed_on_unrounded_is_judged_where_it_arrives(tmp_path, monkeypatch, model) -> None:
+    """Found by an audit: down_proj's FP32 result added to the residual unrounded. The boundary is named at
+    down_proj; the residual add that receives the FP32 value was "could not judge" (its program was captured on
+    BF16) in every layer. Now it is judged on the values it received: no verdict worse than tie there."""
+    data = _onset(tmp_path, monkeypatch, "candidates:down_proj_fp32_into_residual", "--model", model)
+    assert data["onset"] == {"step": 0, "site": "layers.0.mlp.down_proj", "kind": "linear", "layer": 0,
+                             "reason": "verdict"}
+    down = next(s for s in data["sites"] if s["site"] == "layers.0.mlp.down_proj" and s["step"] == 0)
+    assert down["boundary"].startswith("the final BF16 rounding of") and "kept in FP32" in down["boundary"]
+    outputs = [s for s in data["sites"] if re.fullmatch(r"layers\.\d+\.output", s["site"])]
+    assert outputs and not data["could_not_judge"]
+    assert all(s["could_not_judge"] is None and s["verdicts"]["error"] == s["verdicts"]["boundary"] == 0
+               for s in outputs)
+    first = next(s for s in outputs if s["site"] == "layers.0.output" and s["step"] == 0)
+    assert first["input_delta"]["residual"] == 0 and first["input_delta"]["delta"] > 0 and not first["bitwise_equal"]
+    assert {f["kind"] for f in data["parity"]["failures"]} == {"boundary"}

@@ -117,7 +117,8 @@ def test_llama_family_table_and_fallback_warning() -> None:
     with Recorder(gpt2, sites=fallback) as rec:
         gpt2(torch.tensor([[1, 2, 3]]))
     recorded = {r.site: r for r in rec.trace}
-    assert {"transformer.h.0", "transformer.h.1", "lm_head"} <= set(recorded) <= {s.name for s in fallback}
+    assert {"transformer.h.0", "transformer.h.1", "lm_head", "output"} <= set(recorded) <= {s.name for s in fallback}
+    assert torch.equal(recorded["output"].out, recorded["lm_head"].out)  # what the model returns: its logits
     assert recorded["transformer.h.1"].layer == 1 and recorded["transformer.h.0.mlp.c_fc"].layer == 0
 
 
@@ -721,3 +722,27 @@ def test_a_lazily_conjugated_view_is_not_served_from_its_bases_copy() -> None:
     with Recorder(Conj(), sites=sites) as rec:
         rec.model(x)
     assert torch.equal(rec.trace["a", 0].out, x) and torch.equal(rec.trace["b", 0].out, x.conj())
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_the_returned_logits_formula_is_what_the_model_returns(softcap) -> None:
+    """The ``output`` site's semantics (the logits the model returns, made from its head's output) reproduce the
+    model's own returned logits bit for bit — plain (Llama family) and soft-capped after the head (Gemma 2's
+    ``final_logit_softcapping``, from the config)."""
+    import transformers
+
+    config = transformers.Gemma2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                       final_logit_softcapping=softcap, max_position_embeddings=64,
+                                       attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.Gemma2ForCausalLM(config).to(torch.bfloat16).eval()
+    seen = {}
+    model.lm_head.register_forward_hook(lambda m, a, out: seen.__setitem__("head", out))
+    with torch.no_grad():
+        returned = model(torch.randint(0, 128, (2, 5))).logits
+        site = next(s for s in site_table(model) if s.name == "output")
+        made = site.formula(model)(x=seen["head"])
+    assert site.kind == "logits" and dict(site.inputs)["x"].module == "lm_head"
+    assert made.dtype == returned.dtype and torch.equal(made.view(torch.int16), returned.view(torch.int16))
+    assert (softcap is None) == torch.equal(returned, seen["head"])

@@ -350,8 +350,13 @@ class Program:
 
     # ------------------------------------------------------------------------------------------ validation
 
-    def check_inputs(self, inputs: Mapping[str, torch.Tensor]) -> None:
+    def check_inputs(self, inputs: Mapping[str, torch.Tensor], exact_floats: bool = False) -> None:
         """Raise unless ``inputs`` has exactly the captured names, shapes and dtypes.
+
+        ``exact_floats``: a float input may be of another float dtype than captured — the replay in float64 takes
+        its values exactly, so a value a path hands on unrounded (FP32 where the reference rounded it to BF16) is
+        judged as what the site received: the semantics applied to its own values. (Only where values are replayed
+        exactly: running the program in its own dtypes needs the captured ones.)
 
         Raises:
             TypeError: a value is not a tensor, or a dtype differs.
@@ -367,7 +372,7 @@ class Program:
             if tuple(t.shape) != v.shape:
                 raise ValueError(f"{self.where()}: input {name!r} must have shape {v.shape} as captured, "
                                  f"but got {tuple(t.shape)}")
-            if t.dtype != v.dtype:
+            if t.dtype != v.dtype and not (exact_floats and t.is_floating_point() and v.dtype.is_floating_point):
                 raise TypeError(f"{self.where()}: input {name!r} must have dtype {v.dtype} as captured, "
                                 f"but got {t.dtype}")
 

@@ -92,12 +92,13 @@ class _Each:
 def initial_values(program: Program, inputs: Mapping[str, torch.Tensor], track_point: bool = True,
                    records: Records | None = None) -> list[Iv | _Each | None]:
     """Values before any op runs: inputs and constants as exact float64 points on the inputs' device (``records``:
-    the constants each record has its own of, one point per record).
+    the constants each record has its own of, one point per record). A float input of another float dtype than
+    captured is taken at its own values (``Program.check_inputs(exact_floats=True)``).
 
     Raises:
         TypeError, ValueError: see :meth:`Program.check_inputs`.
     """
-    program.check_inputs(inputs)
+    program.check_inputs(inputs, exact_floats=True)
     device = next(iter(inputs.values())).device
     values: list[Iv | _Each | None] = [None] * len(program.values)
     for name, index in program.inputs.items():

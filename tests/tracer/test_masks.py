@@ -1,0 +1,50 @@
+"""Attention masks by meaning (``ulptrace.masks``), against masks written out by hand."""
+
+from __future__ import annotations
+
+import torch
+from ulptrace.masks import encoded_like, not_hidden, same_meaning_pair, visible
+
+LOW = torch.finfo(torch.bfloat16).min
+CAUSAL = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+
+
+def _additive(seen: torch.Tensor, hidden: float = LOW) -> torch.Tensor:
+    out = torch.zeros(seen.shape, dtype=torch.bfloat16)
+    for index in zip(*torch.nonzero(~seen, as_tuple=True), strict=True):
+        out[index] = hidden
+    return out
+
+
+def test_visibility_of_each_encoding() -> None:
+    assert torch.equal(visible(CAUSAL), CAUSAL)
+    assert torch.equal(visible(_additive(CAUSAL)), CAUSAL)
+    assert torch.equal(visible(_additive(CAUSAL, float("-inf"))), CAUSAL)
+    biased = _additive(CAUSAL)
+    biased[2, 0] = -0.5  # an ALiBi-like bias: not only visible or hidden
+    assert visible(biased) is None and torch.equal(not_hidden(biased), CAUSAL)
+    assert visible(CAUSAL.to(torch.int64)) is None
+
+
+def test_masks_of_one_meaning_compare_equal_across_encodings_and_broadcasts() -> None:
+    ref = _additive(CAUSAL)[None, None].expand(2, 1, 3, 3)  # [batch, 1, q, k]
+    a, b = same_meaning_pair(ref, CAUSAL[None, None])
+    assert a.shape == b.shape == (2, 1, 3, 3) and torch.equal(a, b)
+    peek = CAUSAL | torch.tensor([[False, True, False], [False, False, True], [False, False, False]])
+    a, b = same_meaning_pair(ref, peek[None, None])
+    assert int((a != b).sum()) == 2 * 2  # two positions in each of the two batch items
+    assert same_meaning_pair(ref, torch.ones(1, 1, 3, 4, dtype=torch.bool)) is None  # no common shape
+
+
+def test_a_candidate_mask_is_written_in_the_reference_encoding() -> None:
+    ref = _additive(CAUSAL)[None, None]
+    written = encoded_like(CAUSAL[None, None], ref)
+    assert written.dtype == torch.bfloat16 and written.shape == ref.shape
+    assert torch.equal(written.view(torch.int16), ref.view(torch.int16))  # bit for bit: 0 and the lowest value
+    inf = encoded_like(CAUSAL, _additive(CAUSAL, float("-inf")))
+    assert torch.equal(torch.isinf(inf), ~CAUSAL) and bool((inf[CAUSAL] == 0).all())
+    assert torch.equal(encoded_like(ref, CAUSAL[None, None]), CAUSAL[None, None])
+    biased = _additive(CAUSAL)
+    biased[2, 0] = -0.5
+    assert encoded_like(CAUSAL, biased) is None and encoded_like(biased, CAUSAL) is None
+    assert encoded_like(CAUSAL[None, None], torch.zeros(1, 1, 3, 4, dtype=torch.bfloat16)) is None

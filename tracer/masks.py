@@ -1,0 +1,65 @@
+"""Attention masks by meaning: which keys each query may see, whatever the encoding.
+
+Two paths may encode one mask differently — a bool mask (True: visible) for SDPA, an additive float mask (0
+visible, the dtype's lowest value or -inf hidden) for eager attention — or one may leave the mask to the kernel.
+A mask is structural, not an activation: it is compared by what it lets through (a difference there is evidence,
+a different encoding is not), and the oracle judges the candidate with its own mask written in the encoding the
+reference's program was captured on. A float mask that holds anything but 0 and hidden (an additive bias) has no
+plain visibility; such masks are compared and judged only as they are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+STRUCTURAL_INPUTS = ("attention_mask",)  # recorded inputs that are masks, not activations
+
+
+def not_hidden(mask: torch.Tensor) -> torch.Tensor:
+    """Positions a mask does not hide: a bool mask's True, a float mask's entries other than -inf and the dtype's
+    lowest value (an additive bias counts as not hidden)."""
+    if mask.dtype == torch.bool:
+        return mask
+    return (mask != float("-inf")) & (mask != torch.finfo(mask.dtype).min)
+
+
+def visible(mask: torch.Tensor) -> torch.Tensor | None:
+    """Which positions ``mask`` lets through, as a bool tensor; None for a mask that is not only visible or hidden
+    (an additive bias, an integer mask)."""
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.is_floating_point():
+        return None
+    seen = not_hidden(mask)
+    return seen if bool(((mask == 0) | ~seen).all()) else None
+
+
+def same_meaning_pair(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The visibility of two masks encoded or shaped otherwise (broadcast to one shape, on the reference's device),
+    to compare; None when either has no plain visibility or their shapes do not broadcast."""
+    ref, cand = visible(reference), visible(candidate)
+    if ref is None or cand is None:
+        return None
+    try:
+        shape = torch.broadcast_shapes(ref.shape, cand.shape)
+    except RuntimeError:
+        return None
+    return ref.expand(shape), cand.to(ref.device).expand(shape)
+
+
+def encoded_like(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """``mask`` with its visibility written in ``like``'s encoding (dtype, hidden value) and shape; None where that
+    cannot be done (either has no plain visibility, or ``mask`` does not broadcast to ``like``'s shape)."""
+    if mask.dtype == like.dtype and mask.shape == like.shape:
+        return mask
+    seen, target = visible(mask), visible(like)
+    if seen is None or target is None:
+        return None
+    try:
+        seen = seen.expand(like.shape)
+    except RuntimeError:
+        return None
+    if like.dtype == torch.bool:
+        return seen.contiguous()
+    hidden = float("-inf") if bool((like == float("-inf")).any()) else torch.finfo(like.dtype).min
+    return torch.zeros(like.shape, dtype=like.dtype, device=mask.device).masked_fill(~seen, hidden)
