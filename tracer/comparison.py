@@ -231,16 +231,20 @@ class KnownPairs:
     """
 
     def __init__(self) -> None:
-        self._pairs: dict[tuple[int, int], tuple[Any, Any, Stats]] = {}
+        self._pairs: dict[tuple[int, int], tuple[Any, Any, Stats, bool]] = {}
 
-    def put(self, a: torch.Tensor, b: torch.Tensor, stats: Stats) -> None:
+    def put(self, a: torch.Tensor, b: torch.Tensor, stats: Stats, rows: bool = False) -> None:
+        """Keep ``stats`` of the pair; ``rows``: they hold the row statistics an output needs (an input's do not)."""
         if len(self._pairs) > 4096:  # drop the entries of tensors that are gone
             self._pairs = {k: v for k, v in self._pairs.items() if v[0]() is not None and v[1]() is not None}
-        self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats)
+        self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats, rows)
 
-    def get(self, a: torch.Tensor, b: torch.Tensor) -> Stats | None:
+    def get(self, a: torch.Tensor, b: torch.Tensor, rows: bool = False) -> Stats | None:
+        """The pair's statistics, if kept (with row statistics, when ``rows`` asks for them)."""
         entry = self._pairs.get((id(a), id(b)))
-        return entry[2] if entry is not None and entry[0]() is a and entry[1]() is b else None
+        if entry is None or entry[0]() is not a or entry[1]() is not b or (rows and not entry[3]):
+            return None
+        return entry[2]
 
 
 def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = None,
@@ -298,9 +302,14 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             if known is not None:
                 known.put(r_in, c_in, seen)
         inputs[role] = seen
-    stats = _cast_stats(ref, cand, True, batch) if cast else _stats_to(ref, cand, True, batch)
-    if known is not None and not cast:  # the output as recorded (not cast): another record may read it
-        known.put(reference.out, candidate.out, stats)
+    if cast:
+        stats = _cast_stats(ref, cand, True, batch)
+    else:  # an output another record already had (the logits the model returns are its head's): compared once
+        stats = known.get(ref, cand, rows=True) if known is not None else None
+        if stats is None:
+            stats = _stats_to(ref, cand, True, batch)
+            if known is not None:  # the output as recorded (not cast): another record may read it
+                known.put(reference.out, candidate.out, stats, rows=True)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
                            list(shape), dtype_name(dtype), note, stats, inputs, reshaped)
     if judge is not None:

@@ -947,7 +947,8 @@ class Recorder:
     def _after_call(self, entry: tuple, path: str) -> bool:
         """Whether the copy of ``entry`` may stand for a result of module ``path``'s call (``_copy_once``): made in
         this observation, or when a module inside it returned."""
-        return entry[3] == self._serial or (entry[4] is not None and entry[4].startswith(path + "."))
+        inside = entry[4] is not None and (not path or entry[4].startswith(path + "."))  # every module is the root's
+        return entry[3] == self._serial or inside
 
     def _view_of_copy(self, value: torch.Tensor, bases: list, outputs: str | None) -> torch.Tensor | None:
         """A contiguous ``value`` that lies inside a contiguous tensor copied earlier in this step in the same storage

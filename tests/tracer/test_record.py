@@ -260,6 +260,42 @@ def test_one_copy_per_unchanged_tensor_and_a_new_one_after_an_in_place_write() -
     assert torch.equal(b.inputs["x"], x) and b.inputs["x"] is not a.out and torch.equal(b.out, x + 1)
 
 
+def test_the_returned_logits_share_the_heads_copy_unless_changed_after_it() -> None:
+    """What the model returns (site ``output``) is its head's output: one copy for both records, which a comparison
+    then compares once (``KnownPairs``); a forward wrapper that changes the logits after the head gets a copy of its
+    own, holding the changed values."""
+    model = build_model("tiny-llama")
+    ids = torch.tensor([[1, 2, 3]])
+    with Recorder(model, sites=site_table(model)) as rec:
+        model(ids)
+    assert rec.trace["output", 0].out is rec.trace["logits", 0].out is rec.trace["output", 0].inputs["x"]
+    original = model.forward
+
+    def forward(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    model.forward = forward
+    with Recorder(model, sites=site_table(model)) as rec:
+        model(ids)
+    del model.forward
+    head, returned = rec.trace["logits", 0].out, rec.trace["output", 0].out
+    assert returned is not head and torch.equal(returned, head * 2)
+
+
+def test_known_pairs_give_an_output_only_statistics_with_rows() -> None:
+    """An input's statistics (no row statistics) are not reused for an output, which reports them."""
+    from ulptrace.comparison import KnownPairs
+
+    known, a, b = KnownPairs(), torch.zeros(2), torch.ones(2)
+    known.put(a, b, "input's")
+    assert known.get(a, b) == "input's" and known.get(a, b, rows=True) is None
+    known.put(a, b, "output's", rows=True)
+    assert known.get(a, b) == known.get(a, b, rows=True) == "output's"
+    assert known.get(a, torch.ones(2)) is None  # found by identity, not by value
+
+
 def test_a_residual_read_back_from_the_norms_input_is_that_inputs_copy(qwen, prompts, monkeypatch) -> None:
     """HF's norm takes the residual as its input: the recorder reads it back from the copy its pre-hook made and
     keeps that copy (one copy a call, not a copy of the copy), and its values are the input's at the norm's call."""
