@@ -14,8 +14,8 @@ from typing import Any
 
 ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "qwen3_5": ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3NextForCausalLM"),
-    "llama": ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "GemmaForCausalLM",
-              "Gemma2ForCausalLM"),
+    "llama": ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "GemmaForCausalLM"),
+    "gemma2": ("Gemma2ForCausalLM",),  # sandwich layers: a norm after the attention and after the MLP as well
 }
 """Model classes per family (``type(model).__name__``); the family names the site table that applies."""
 

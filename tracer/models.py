@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -106,6 +107,7 @@ def build_model(
         model.ulptrace_model_name = spec.name  # type: ignore[attr-defined]
     elif os.path.isdir(name_or_path):
         check_model(name_or_path)
+        attn_implementation = _attention_for(name_or_path, attn_implementation)
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 name_or_path, dtype=dtype, attn_implementation=attn_implementation
@@ -120,6 +122,27 @@ def build_model(
     model.ulptrace_seed = seed  # type: ignore[attr-defined]
     model.requires_grad_(False)
     return pin_sdpa(model.eval(), sdpa)
+
+
+def _attention_for(path: str, asked: str) -> str:
+    """The attention to load checkpoint ``path`` with: ``asked``, except that an architecture transformers gives no
+    SDPA attention (Gemma 2 in transformers 5) is built with eager attention — what HF itself picks for it — and a
+    warning says so, rather than the checkpoint refusing to load."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if asked != "sdpa":
+        return asked
+    try:
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(transformers.AutoConfig.from_pretrained(path))]
+    except (KeyError, OSError, ValueError):
+        return asked  # loading says what is wrong
+    if getattr(cls, "_supports_sdpa", True):
+        return asked
+    warnings.warn(f"{cls.__name__} has no SDPA attention in transformers {transformers.__version__}: {path} is built "
+                  "with eager attention (HF's own choice for it); paths that switch to SDPA cannot run on it",
+                  stacklevel=3)
+    return "eager"
 
 
 def prepare(name_or_path: str, attn_implementation: str = "sdpa") -> None:

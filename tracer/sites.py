@@ -367,9 +367,37 @@ _LAYER_ORDER_QWEN35 = (
     _COMMON_LAYER_ROWS[:1] + _GDN_ROWS + _COMMON_LAYER_ROWS[1:]
 )
 
+
+def _rows(*names: str) -> tuple[Row, ...]:
+    """The common rows of these names, in the common order (a name may have several rows: the rope of a model with
+    and without a q norm)."""
+    return tuple(r for r in _COMMON_LAYER_ROWS if r.name in names)
+
+
+def _norm_row(name: str) -> Row:
+    """A norm site whose input is the norm module's own."""
+    return Row(name, "norm", name, (name, "out"), {"x": (name, "in0")}, _call(name))
+
+
+# Gemma 2's sandwich layers: the attention's output normed (post_attention_layernorm) before the residual add, the
+# MLP's input normed by pre_feedforward_layernorm and its output by post_feedforward_layernorm before the second add.
+_GEMMA2_LAYER_ROWS: tuple[Row, ...] = (
+    _rows("input_layernorm", "self_attn.q_norm", "self_attn.k_norm", "self_attn.q_rope", "self_attn.core",
+          "self_attn.o_proj")
+    + (_norm_row("post_attention_layernorm"),
+       Row("residual_attn", "residual", "pre_feedforward_layernorm", ("pre_feedforward_layernorm", "in0"),
+           {"residual": ("", "in0"), "delta": ("post_attention_layernorm", "out")}, _add),
+       _norm_row("pre_feedforward_layernorm"))
+    + _rows("mlp.gate_proj", "mlp.up_proj", "mlp.glu", "mlp.down_proj")
+    + (_norm_row("post_feedforward_layernorm"),
+       Row("output", "residual", "", ("", "out"),
+           {"residual": ("pre_feedforward_layernorm", "in0"), "delta": ("post_feedforward_layernorm", "out")}, _add))
+)
+
 TABLES: dict[str, Table] = {  # architectures per family: ulptrace.families, the one table of HF classes
     "qwen3_5": Table("qwen3_5", ARCHITECTURES["qwen3_5"], _LAYER_ORDER_QWEN35),
     "llama": Table("llama", ARCHITECTURES["llama"], _COMMON_LAYER_ROWS),
+    "gemma2": Table("gemma2", ARCHITECTURES["gemma2"], _GEMMA2_LAYER_ROWS),
 }
 
 # Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped), and the

@@ -258,3 +258,51 @@ def test_a_value_handed_on_unrounded_is_judged_where_it_arrives(tmp_path, monkey
     first = next(s for s in outputs if s["site"] == "layers.0.output" and s["step"] == 0)
     assert first["input_delta"]["residual"] == 0 and first["input_delta"]["delta"] > 0 and not first["bitwise_equal"]
     assert {f["kind"] for f in data["parity"]["failures"]} == {"boundary"}
+
+
+@pytest.fixture(scope="module")
+def gemma2_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Gemma 2 checkpoint (sandwich norms, soft-capped attention and logits), saved as a user's would be."""
+    import torch
+    import transformers
+
+    config = transformers.Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                                       max_position_embeddings=256, sliding_window=4)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("gemma2")
+    transformers.Gemma2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def test_gemma2_has_its_own_table_and_hf_is_inside_it(tmp_path, gemma2_checkpoint) -> None:
+    """Gemma 2 was listed with the Llama family, whose post-attention norm is ``norm(residual + delta)``: HF's own
+    outputs fell outside their semantics at every norm and residual site (and the checkpoint did not load: it has no
+    SDPA attention). Its sandwich layers have a table of their own; HF is inside it everywhere."""
+    import warnings
+
+    import transformers
+
+    out = tmp_path / "onset.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["onset", "--model", str(gemma2_checkpoint), "--candidate", "hf", "--prompts", "2",
+                     "--prompt-len", "8", "--new-tokens", "2", "--check-reference", "--json", str(out)]) == 0
+    eager = any("no SDPA attention" in str(w.message) for w in caught)
+    assert eager == (not transformers.Gemma2ForCausalLM._supports_sdpa)  # said exactly where it is so
+    data = json.loads(out.read_text())
+    names = {s["site"] for s in data["sites"]}
+    assert {"layers.0.post_attention_layernorm", "layers.0.pre_feedforward_layernorm",
+            "layers.0.post_feedforward_layernorm", "layers.1.residual_attn", "output"} <= names
+    judged = [s for s in data["sites"] if s["reference_outside"] is not None]
+    assert len(judged) == len(data["sites"]) - 2  # every site but the embedding, at both steps
+    assert all(s["reference_outside"] == 0 for s in judged) and data["parity"]["ok"]
+
+
+def test_a_fault_after_gemma2s_mlp_norm_is_located_there(tmp_path, monkeypatch, gemma2_checkpoint) -> None:
+    data = _onset(tmp_path, monkeypatch, "fault:layers.1.post_feedforward_layernorm@1+3", "--model",
+                  str(gemma2_checkpoint))
+    assert data["onset"] == {"step": 1, "site": "layers.1.post_feedforward_layernorm", "kind": "norm", "layer": 1,
+                             "reason": "verdict"}
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["error"]
