@@ -11,6 +11,7 @@ from transformers.activations import ACT2FN
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, eager_attention_forward
 from ulptrace.oracle import VERDICTS, admissible, capture_semantics, judge
+from ulptrace.oracle.replay import emulate
 
 BF16 = torch.bfloat16
 
@@ -345,14 +346,36 @@ def test_mismatched_inputs_and_outputs_are_rejected():
     program = capture_semantics(lambda x: qwen_norm(x), {"x": x}, constant_names=qwen_norm)
     with pytest.raises(ValueError, match=r"shape \(4, 64\) as captured, but got \(5, 64\)"):
         judge(program, {"x": randn(5, 64)}, qwen_norm(x))
+    with pytest.raises(TypeError, match="dtype torch.bfloat16 as captured, but got torch.int32"):
+        judge(program, {"x": x.to(torch.int32)}, qwen_norm(x))
+    # a float input of another float dtype is replayed at its own values (a value handed on unrounded); running the
+    # program in its own dtypes still needs the captured ones
+    same = judge(program, {"x": x.float()}, qwen_norm(x))
+    assert same.counts == judge(program, {"x": x}, qwen_norm(x)).counts and same.counts["exact"] == x.numel()
     with pytest.raises(TypeError, match="dtype torch.bfloat16 as captured, but got torch.float32"):
-        judge(program, {"x": x.float()}, qwen_norm(x))
+        emulate(program, {"x": x.float()})
     with pytest.raises(ValueError, match=r"named \['x'\], but got \['hidden'\]"):
         judge(program, {"hidden": x}, qwen_norm(x))
     with pytest.raises(ValueError, match=r"output shape \(4, 64\), but got \(4, 32\)"):
         judge(program, {"x": x}, qwen_norm(x)[:, :32])
     with pytest.raises(TypeError, match="must be a tensor"):
         judge(program, {"x": x}, [1.0])
+
+
+def test_an_input_handed_on_unrounded_is_judged_at_its_own_values():
+    """A residual add captured on BF16 inputs, given the delta in FP32 (a GEMM's result kept unrounded): the set is
+    the add of those exact values — the sum of the FP32 delta rounded once is inside, and the set is not the one of
+    the delta's BF16 rounding."""
+    residual, delta = randn(8, 64, scale=4.0), randn(8, 64, scale=1e-2)
+    program = capture_semantics(lambda residual, delta: residual + delta, {"residual": residual, "delta": delta})
+    delta32 = delta.float() + torch.rand(8, 64) * 2.0 ** -16  # not BF16 values
+    assert not torch.equal(delta32.bfloat16().float(), delta32)
+    once = (residual.double() + delta32.double()).bfloat16()  # correctly rounded from the exact sum
+    lo, hi = admissible(program, {"residual": residual, "delta": delta32})
+    assert bool(((once.double() >= lo.double()) & (once.double() <= hi.double())).all())
+    lo_r, hi_r = admissible(program, {"residual": residual, "delta": delta32.bfloat16()})  # the rounded delta's set
+    assert not (torch.equal(lo, lo_r) and torch.equal(hi, hi_r))
+    assert judge(program, {"residual": residual, "delta": delta32}, once).counts["error"] == 0
 
 
 @pytest.mark.slow
