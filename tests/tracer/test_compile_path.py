@@ -30,7 +30,7 @@ def test_compile_observable_sites_are_matmul_and_attention_operands() -> None:
     names = {s.name for s in compile_observable_sites(model, site_table(model))}
     for layer, expected in OBSERVABLE_QWEN35_LAYER.items():
         assert {n.split(".", 2)[2] for n in names if n.startswith(f"layers.{layer}.")} == expected
-    assert "logits" in names and not {"embed", "norm", "layers.0.input_layernorm", "layers.0.residual_attn",
+    assert {"logits", "output"} <= names and not {"embed", "norm", "layers.0.input_layernorm", "layers.0.residual_attn",
                                       "layers.0.linear_attn.gates.g", "layers.1.self_attn.q_rope"} & names
     llama = build_model("tiny-llama")
     assert {s.name for s in compile_observable_sites(llama, site_table(llama)) if s.layer == 0} == {
