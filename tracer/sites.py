@@ -400,6 +400,11 @@ TABLES: dict[str, Table] = {  # architectures per family: ulptrace.families, the
     "gemma2": Table("gemma2", ARCHITECTURES["gemma2"], _GEMMA2_LAYER_ROWS),
 }
 
+# Sites that are outputs of one call on the same inputs: the GatedDeltaNet scan's output and the state it hands to the
+# cache. A kernel's design (a hypothesis, a boundary) is the call's, so it must explain every output of it: where one
+# has elements no hypothesis explains, the others' "boundary" elements are errors too (``ulptrace.comparison``).
+ONE_CALL: tuple[tuple[str, ...], ...] = (("linear_attn.core", "linear_attn.recurrent_state"),)
+
 # Module-level functions of a GatedDeltaNet's modeling module that receive the gates (tapped), and the
 # causal conv functions it calls (prefill, and one-token decode that updates the conv state in place).
 GDN_FUNCTIONS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")

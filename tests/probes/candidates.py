@@ -398,3 +398,21 @@ def down_proj_fp32_into_residual(model):
 
         handles.append(layer.register_forward_hook(round_once, with_kwargs=True))
     return lambda: [h.remove() for h in handles]
+
+
+def gdn_decode_decay_scaled(model):
+    """Defect in the one-token (decode) scan: the decay is exp(1.05 g), a few percent off — small enough at one
+    token that the scan's output alone falls inside a chunked kernel's BF16 hypotheses; its FP32 state does not."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+
+    original = mq.torch_recurrent_gated_delta_rule
+
+    def recurrent(query, key, value, g, beta, *args, **kwargs):
+        return original(query, key, value, g * 1.05, beta, *args, **kwargs)
+
+    mq.torch_recurrent_gated_delta_rule = recurrent
+
+    def undo():
+        mq.torch_recurrent_gated_delta_rule = original
+
+    return undo

@@ -306,3 +306,19 @@ def test_a_fault_after_gemma2s_mlp_norm_is_located_there(tmp_path, monkeypatch, 
     assert data["onset"] == {"step": 1, "site": "layers.1.post_feedforward_layernorm", "kind": "norm", "layer": 1,
                              "reason": "verdict"}
     assert [f["kind"] for f in data["parity"]["failures"]] == ["error"]
+
+
+def test_a_scan_defect_seen_only_in_its_state_makes_the_whole_call_an_error(tmp_path, monkeypatch) -> None:
+    """Found by an audit: a decode decay of exp(1.05 g) put the scan's output inside a chunked kernel's BF16
+    hypotheses (onset read "boundary") while its FP32 state had errors no hypothesis explains. One call, one design:
+    the output's out-of-set elements are errors too, and the note names the state."""
+    data = _onset(tmp_path, monkeypatch, "candidates:gdn_decode_decay_scaled", "--model", "tiny-qwen3.5")
+    assert data["onset"] == {"step": 1, "site": "layers.0.linear_attn.core", "kind": "attention", "layer": 0,
+                             "reason": "verdict"}
+    core, state = (next(s for s in data["sites"] if s["site"] == f"layers.0.linear_attn.{name}" and s["step"] == 1)
+                   for name in ("core", "recurrent_state"))
+    assert core["verdicts"]["boundary"] == 0 and core["verdicts"]["error"] > 0 and core["boundary"] is None
+    assert "layers.0.linear_attn.recurrent_state" in core["note"] and "one design" in core["note"]
+    assert state["verdicts"]["error"] > 0 and state["verdicts"]["boundary"] == 0
+    assert sum(core["verdict_histogram"]["error"].values()) == core["verdicts"]["error"]
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["error"]
