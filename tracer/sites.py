@@ -275,15 +275,18 @@ def _logits(scope: Any, model: Any) -> Formula:
 
 
 def _returned(scope: Any, model: Any) -> Formula:
-    """Formula: what the model returns made from its head's output — unchanged, or soft-capped where the config
-    asks for it (Gemma 2's ``final_logit_softcapping``: ``tanh(x / cap) * cap`` in the logits' dtype, as HF does).
-    Observed after the model's own forward, so a temperature, a logit bias or a cast that a path applies around
-    the head is judged, not only the head's own module."""
+    """Formula: what the model returns, from the head's input — the head, then what the model does after it: nothing,
+    or a soft cap where the config asks for one (Gemma 2's ``final_logit_softcapping``: ``tanh(y / cap) * cap`` in
+    the logits' dtype, as HF does). Observed after the model's own forward, so a temperature, a logit bias or a cast
+    that a path applies around the head is judged, not only the head's own module. (From the head's input, which the
+    ``logits`` site reads anyway, not from its output: a long prompt's logits are compared where the model left them,
+    and a reader after the head's call would make the recorder copy them.)"""
+    head = model.get_output_embeddings().forward
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     cap = getattr(config, "final_logit_softcapping", None)
     if cap is None:
-        return lambda x: x.clone()  # (a program needs an op: a copy, exact)
-    return lambda x: torch.tanh(x / cap) * cap
+        return lambda x: head(x)
+    return lambda x: torch.tanh(head(x) / cap) * cap
 
 
 # Rows shared by every decoder-only family whose module names agree (Llama, Qwen2/3, Mistral,
@@ -350,7 +353,7 @@ _MODEL_ROWS: tuple[Row, ...] = (
     Row("embed", "other", "@embed", ("@embed", "out")),
     Row("norm", "norm", "@body.norm", ("@body.norm", "out"), {"x": ("@body.norm", "in0")}, _final_norm),
     Row("logits", "logits", "@head", ("@head", "out"), {"x": ("@head", "in0")}, _logits),
-    Row("output", "logits", "", ("", "out"), {"x": ("@head", "out")}, _returned),  # the logits the model returns
+    Row("output", "logits", "", ("", "out"), {"x": ("@head", "in0")}, _returned),  # the logits the model returns
 )
 
 

@@ -268,7 +268,8 @@ def test_the_returned_logits_share_the_heads_copy_unless_changed_after_it() -> N
     ids = torch.tensor([[1, 2, 3]])
     with Recorder(model, sites=site_table(model)) as rec:
         model(ids)
-    assert rec.trace["output", 0].out is rec.trace["logits", 0].out is rec.trace["output", 0].inputs["x"]
+    assert rec.trace["output", 0].out is rec.trace["logits", 0].out
+    assert rec.trace["output", 0].inputs["x"] is rec.trace["logits", 0].inputs["x"]  # the head's input
     original = model.forward
 
     def forward(*args, **kwargs):
@@ -282,6 +283,26 @@ def test_the_returned_logits_share_the_heads_copy_unless_changed_after_it() -> N
     del model.forward
     head, returned = rec.trace["logits", 0].out, rec.trace["output", 0].out
     assert returned is not head and torch.equal(returned, head * 2)
+
+
+def test_the_returned_logits_reach_a_live_sink_and_are_never_copied(monkeypatch) -> None:
+    """The logits (a long prompt's are the run's largest value) go to a sink that takes live values as the model left
+    them, for the head's record and the returned one alike, and the recorder copies them nowhere: no reader after
+    the head's call reads them (the returned logits are judged from the head's input)."""
+    from ulptrace import record
+
+    sources = []
+    real = record._copy
+    monkeypatch.setattr(record, "_copy", lambda t: (sources.append(t), real(t))[1])
+    model = build_model("tiny-llama")
+    returned = {}
+    model.register_forward_hook(lambda m, args, out: returned.setdefault("logits", out.logits))
+    sink = _KeepLive()
+    with Recorder(model, sites=site_table(model), sink=sink):
+        model(torch.tensor([[1, 2, 3]]))
+    logits = returned["logits"]
+    assert sink.handed["logits", 0][0] is logits and sink.handed["output", 0][0] is logits
+    assert sources and not any(t.data_ptr() == logits.data_ptr() for t in sources)
 
 
 def test_known_pairs_give_an_output_only_statistics_with_rows() -> None:
@@ -774,11 +795,11 @@ def test_the_returned_logits_formula_is_what_the_model_returns(softcap) -> None:
     torch.manual_seed(0)
     model = transformers.Gemma2ForCausalLM(config).to(torch.bfloat16).eval()
     seen = {}
-    model.lm_head.register_forward_hook(lambda m, a, out: seen.__setitem__("head", out))
+    model.lm_head.register_forward_hook(lambda m, a, out: seen.update(x=a[0], head=out))
     with torch.no_grad():
         returned = model(torch.randint(0, 128, (2, 5))).logits
         site = next(s for s in site_table(model) if s.name == "output")
-        made = site.formula(model)(x=seen["head"])
-    assert site.kind == "logits" and dict(site.inputs)["x"].module == "lm_head"
+        made = site.formula(model)(x=seen["x"])
+    assert site.kind == "logits" and (site.inputs["x"].module, site.inputs["x"].at) == ("lm_head", "in0")
     assert made.dtype == returned.dtype and torch.equal(made.view(torch.int16), returned.view(torch.int16))
     assert (softcap is None) == torch.equal(returned, seen["head"])
