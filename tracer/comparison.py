@@ -5,6 +5,8 @@ differing count, max ULP, histogram, bitwise equality, the ULP delta of the site
 inputs (error inherited from upstream) and, with a ``SiteJudge``, the oracle's verdict counts and
 named boundary. Missing and extra records and shape/dtype mismatches are listed, never crashed on.
 ``StreamingComparator`` does the same record by record as a recorder sink, keeping statistics only.
+Masks are compared by what they let through (``ulptrace.masks``), whatever their encoding; the outputs of
+one call (``ulptrace.sites.ONE_CALL``) are held to one design (``one_design_per_call``).
 
 The *onset* is the first (step, site), in execution order, whose candidate introduced error of its
 own (``Comparison.onsets`` lists every record that qualifies, with its reason):
