@@ -129,6 +129,8 @@ def describe_point(point: dict[str, Any] | None) -> str:
     elif reason == "unobserved":
         why = "unobserved (its inputs already differ while every earlier record is equal: began in code no site " \
               f"observes{'; its own verdict ' + verdict if verdict else ''})"
+    elif reason == "mask":
+        why = "mask (its attention mask lets other keys through than the reference's)"
     else:
         why = verdict or "no verdicts"
     return f"step {point['step']}, {point['site']} ({point['kind']}): {why}"

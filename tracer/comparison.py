@@ -17,12 +17,13 @@ own (``Comparison.onsets`` lists every record that qualifies, with its reason):
   no inputs at all (the GatedDeltaNet ``conv_state``/``recurrent_state``, the embedding), although every
   record before it in the same step is bitwise equal, inputs included;
 - ``unobserved``: the first record whose output differs, when its recorded inputs already differ although
-  every earlier record is bitwise equal (the divergence began in code no site observes).
+  every earlier record is bitwise equal (the divergence began in code no site observes);
+- ``mask``: a record whose attention mask lets other keys through than the reference's, whatever came before.
 
 Whether a comparison is *at parity* is decided in one place, ``Comparison.parity``, which the CLI exit
 codes, ``trace_norm_rounding`` and the pytest fixture use: no verdict worse than ``tie``, no record
-missing, extra or of another shape, no site the oracle could not judge, no ``unjudged`` or
-``unobserved`` onset. "Could not judge" (the oracle failed on a site that has semantics) is its own
+missing, extra or of another shape, no site the oracle could not judge, no ``unjudged``, ``unobserved`` or
+``mask`` onset. "Could not judge" (the oracle failed on a site that has semantics) is its own
 outcome with its reason (``SiteDiff.could_not_judge``), never counted as "no semantics".
 
 Besides ULPs of each element's own dtype, every record has its difference in ULPs of the row's
@@ -55,7 +56,7 @@ from ulptrace.ulp import (
     same_bits,
 )
 
-ONSET_REASONS = ("unobserved", "verdict", "unjudged")
+ONSET_REASONS = ("unobserved", "mask", "verdict", "unjudged")
 COULD_NOT_JUDGE = "could_not_judge"
 """What ``Comparison.parity(allow=...)`` accepts besides verdict names: sites the oracle could not judge."""
 
@@ -183,8 +184,8 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
-def without_cache_padding(record: Record) -> Record:
-    """``record`` with the key/value positions that no query can see removed.
+def without_cache_padding(record: Record, keep: int = 0) -> Record:
+    """``record`` with the key/value positions that no query can see removed (``keep``: at least that many kept).
 
     A static KV cache pads keys and values to the cache length and hides the unused tail; a dynamic
     cache holds only the live positions. Attention over hidden positions contributes exact zeros, so
@@ -193,30 +194,50 @@ def without_cache_padding(record: Record) -> Record:
     or additive with the dtype's lowest value / -inf where hidden) when it spans the key length;
     without a mask, a multi-token query is causal top-left aligned (HF's SDPA prefill: ``is_causal``),
     so keys past the query length are hidden. Records without ``key``/``value`` are returned as is.
+    Two records to compare are trimmed to one length (``without_cache_padding_pair``).
     """
-    inputs = record.inputs
-    if "key" not in inputs:  # most records: no attention inputs
+    used = _keys_used(record)
+    if used is None:
         return record
-    query, key, value, mask = inputs.get("query"), inputs["key"], inputs.get("value"), inputs.get("attention_mask")
-    if key is None or value is None or key.dim() < 2:
-        return record
-    length = key.shape[-2]
-    if mask is None:
-        if query is None or query.dim() < 2 or not 1 < query.shape[-2] < length:
-            return record
-        used = query.shape[-2]
-    elif mask.shape[-1] != length:
-        return record
-    else:
-        live = not_hidden(mask).reshape(-1, length).any(0)
-        used = int(live.nonzero().max()) + 1 if bool(live.any()) else 0
+    length = record.inputs["key"].shape[-2]
+    used = min(max(used, keep), length)
     if used == length:
         return record
     inputs = dict(record.inputs)
+    key, value, mask = inputs["key"], inputs["value"], inputs.get("attention_mask")
     inputs["key"], inputs["value"] = key[..., :used, :], value[..., :used, :]
     if mask is not None:
         inputs["attention_mask"] = mask[..., :used]
     return Record(record.site, record.step, record.kind, record.layer, record.out, inputs)
+
+
+def without_cache_padding_pair(reference: Record, candidate: Record) -> tuple[Record, Record]:
+    """Both records without their cache padding, trimmed to one length: the longer of the two sides' last visible
+    keys — a key one side hides and the other sees (a mask that hides the newest key) stays on both, to be compared
+    rather than cut from one side only."""
+    keep = max(_keys_used(reference) or 0, _keys_used(candidate) or 0)
+    return without_cache_padding(reference, keep), without_cache_padding(candidate, keep)
+
+
+def _keys_used(record: Record) -> int | None:
+    """How many leading keys of an attention record some query can see (``without_cache_padding``): all of them where
+    nothing says otherwise (no mask at a one-token query, a mask that does not span them); None for a record without
+    keys and values."""
+    inputs = record.inputs
+    if "key" not in inputs:  # most records: no attention inputs
+        return None
+    query, key, value, mask = inputs.get("query"), inputs["key"], inputs.get("value"), inputs.get("attention_mask")
+    if key is None or value is None or key.dim() < 2:
+        return None
+    length = key.shape[-2]
+    if mask is None:
+        if query is None or query.dim() < 2 or not 1 < query.shape[-2] < length:
+            return length
+        return query.shape[-2]
+    if mask.shape[-1] != length:
+        return length
+    live = not_hidden(mask).reshape(-1, length).any(0)
+    return int(live.nonzero().max()) + 1 if bool(live.any()) else 0
 
 
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
@@ -257,7 +278,7 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     ``known``: pairs compared before (``KnownPairs``), reused for the inputs and extended with this record's.
     ``batch``: a ``StatsBatch`` that launches the CUDA statistics of many records together (the records'
     tensors must not change until then)."""
-    reference, candidate = without_cache_padding(reference), without_cache_padding(candidate)
+    reference, candidate = without_cache_padding_pair(reference, candidate)
     ref, cand = reference.out, candidate.out
     shape, dtype = ref.shape, ref.dtype  # (each read of a tensor's shape makes a new object: read once)
     cand_shape, cand_dtype = cand.shape, cand.dtype
@@ -448,6 +469,10 @@ class Comparison:
           between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows;
           so even where this record's own verdict is worse than ``tie`` too (a NaN or infinity written into a
           cached key makes the attention's semantics on its inputs non-finite), the divergence began before it;
+        - ``"mask"``: its attention mask lets other keys through than the reference's (compared by meaning,
+          ``ulptrace.masks``), whatever came before: a mask is built from positions and lengths, not from values,
+          so no rounding upstream explains it — and the oracle judges the record with its own mask, so its verdict
+          alone would not show it;
         - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
         - ``"unjudged"``: no verdicts (no oracle semantics, or the oracle could not judge it), the output
           differs by more than ``max_ulp`` and every recorded input is bitwise equal; a record with no
@@ -464,6 +489,8 @@ class Comparison:
             step_clean = clean_steps.get(d.step, True)
             if complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
                 yield d, "unobserved"
+            elif any(d.input_delta.get(role) for role in STRUCTURAL_INPUTS):
+                yield d, "mask"
             elif d.own_error:
                 yield d, "verdict"
             elif d.verdicts is None and not d.bitwise_equal and (d.max_ulp is None or d.max_ulp > self.max_ulp) \
@@ -477,7 +504,7 @@ class Comparison:
 
         Not at parity when any record has a verdict worse than ``tie``, the oracle could not judge a site
         that has semantics, a record is missing, extra or of another shape or dtype, or a record is an
-        ``unjudged`` or ``unobserved`` onset (:meth:`onsets`). ``allow`` names what to tolerate: verdicts
+        ``unjudged``, ``unobserved`` or ``mask`` onset (:meth:`onsets`). ``allow`` names what to tolerate: verdicts
         of ``WORSE_THAN_TIE`` (e.g. ``("boundary",)`` for kernels whose boundaries are intended) and
         ``"could_not_judge"`` (such a site is then held to ``max_ulp`` like one without semantics).
 
@@ -509,7 +536,7 @@ class Comparison:
                 more = f" (+{len(records) - 3} more)" if len(records) > 3 else ""
                 failures.append(Failure(key, len(records), {"step": records[0]["step"], "site": records[0]["site"]},
                                         f"{len(records)} record(s) {what}: {shown}{more}"))
-        for reason in ("unjudged", "unobserved"):
+        for reason in ("unjudged", "unobserved", "mask"):
             hit = [d for d, r in self.onsets() if r == reason]
             if hit:
                 failures.append(_onset_failure(reason, hit, self.max_ulp))
@@ -546,7 +573,7 @@ class Comparison:
 @dataclass(frozen=True)
 class Failure:
     """One reason a comparison is not at parity: what failed (``kind``: a verdict name, ``could_not_judge``,
-    ``missing``, ``extra``, ``mismatched``, ``unjudged`` or ``unobserved``), in how many records, the first
+    ``missing``, ``extra``, ``mismatched``, ``unjudged``, ``unobserved`` or ``mask``), in how many records, the first
     of them, and a sentence naming it."""
 
     kind: str
@@ -605,6 +632,9 @@ def _onset_failure(reason: str, hit: list[SiteDiff], budget: int) -> Failure:
         why = (f"differs by up to {first.max_ulp} ULP (budget {budget}) without verdicts, although "
                + ("its recorded inputs are bitwise equal" if first.input_delta else
                   "every record before it in the same step is bitwise equal"))
+    elif reason == "mask":
+        roles = ", ".join(r for r in STRUCTURAL_INPUTS if first.input_delta.get(r))
+        why = f"its {roles} lets other keys through than the reference's (a mask is built from positions, not values)"
     else:
         shaped = "".join(f"; its input '{role}' is {ref} in the reference, {cand} in the candidate"
                          for role, (ref, cand) in first.input_shapes.items())

@@ -257,13 +257,13 @@ def explain(reference: Any, candidate: Any, judge: Any, *, site: Any = None, ste
             (e.g. a residual add, a cache state) or one of its inputs is missing.
         KeyError: the traces hold no such record.
     """
-    from ulptrace.comparison import without_cache_padding
+    from ulptrace.comparison import without_cache_padding_pair
     from ulptrace.verdicts import OracleJudge
 
     ref, cand = _resolve(reference, site, step), _resolve(candidate, site, step)
     if ref.key != cand.key:
         raise ValueError(f"reference and candidate must be the same (site, step), but got {ref.key} and {cand.key}")
-    ref, cand = without_cache_padding(ref), without_cache_padding(cand)
+    ref, cand = without_cache_padding_pair(ref, cand)
     if ref.out.shape != cand.out.shape:
         raise ValueError(f"reference and candidate outputs must have the same shape, but got "
                          f"{tuple(ref.out.shape)} and {tuple(cand.out.shape)}")

@@ -47,6 +47,8 @@ _REASONS = {
                 "inputs (a record without inputs: while every record before it in the step is bitwise equal)",
     "unobserved": "its inputs already differ while every earlier record is equal: the divergence began in "
                   "code between observed sites",
+    "mask": "its attention mask lets other keys through than the reference's (built from positions, not values: "
+            "no rounding upstream explains it)",
 }
 
 

@@ -360,8 +360,10 @@ def _mask_builder(model, **forced):
     module = sys.modules[type(model).__module__]
     original = module.create_causal_mask
 
+    then = forced.pop("_then", lambda mask: mask)
+
     def create(*args, **kwargs):
-        return original(*args, **{**kwargs, **forced})
+        return then(original(*args, **{**kwargs, **forced}))
 
     module.create_causal_mask = create
 
@@ -416,3 +418,17 @@ def gdn_decode_decay_scaled(model):
         mq.torch_recurrent_gated_delta_rule = original
 
     return undo
+
+
+
+def a_key_hidden_at_decode(model):
+    """Defect after other differences: the mask builder always materialises the mask (bool, for SDPA) and, at decode
+    only, hides key 3. Against HF's eager attention the prefill already differs (SDPA's named boundary), and each core
+    judged with its own mask is inside its semantics."""
+    def hide(mask):
+        if mask is not None and mask.shape[-2] == 1:
+            mask = mask.clone()
+            mask[..., 3] = False if mask.dtype == torch.bool else torch.finfo(mask.dtype).min
+        return mask
+
+    return _mask_builder(model, allow_is_causal_skip=False, _then=hide)

@@ -322,3 +322,22 @@ def test_a_scan_defect_seen_only_in_its_state_makes_the_whole_call_an_error(tmp_
     assert state["verdicts"]["error"] > 0 and state["verdicts"]["boundary"] == 0
     assert sum(core["verdict_histogram"]["error"].values()) == core["verdicts"]["error"]
     assert [f["kind"] for f in data["parity"]["failures"]] == ["error"]
+
+
+
+def test_a_mask_that_differs_after_other_records_differ_is_a_mask_onset(tmp_path, monkeypatch) -> None:
+    """Found by an audit: a decode-only mask that hides a key, against HF's eager attention. The prefill already
+    differs (SDPA's named boundary), the oracle judges each core with its own mask (inside its semantics), so neither
+    ``unobserved`` nor a verdict of its own fired: only the SDPA boundary was reported (and with FP32-accumulated
+    linears on eager attention, the same defect read as parity). A mask is built from positions, not values: where
+    it lets other keys through, the record is a ``mask`` onset whatever came before."""
+    data = _onset(tmp_path, monkeypatch, "candidates:a_key_hidden_at_decode", "--model", "tiny-qwen3.5",
+                  "--reference", "hf:attn=eager")
+    failures = {f["kind"]: f for f in data["parity"]["failures"]}
+    assert set(failures) == {"boundary", "mask"} and "lets other keys through" in failures["mask"]["message"]
+    assert failures["mask"]["first"] == {"step": 1, "site": "layers.1.self_attn.core", "kind": "attention", "layer": 1}
+    core = next(s for s in data["sites"] if s["site"] == "layers.1.self_attn.core" and s["step"] == 1)
+    assert core["input_delta"]["attention_mask"] == 1 and core["verdicts"]["error"] == 0
+    twin = _onset(tmp_path, monkeypatch, "candidates:mask_always_explicit", "--model", "tiny-qwen3.5",
+                  "--reference", "hf:attn=eager")
+    assert {f["kind"] for f in twin["parity"]["failures"]} == {"boundary"}

@@ -130,6 +130,25 @@ def test_cache_padding_is_trimmed_by_the_mask() -> None:
     assert without_cache_padding(unchanged) is unchanged
 
 
+def test_two_records_are_trimmed_to_one_length() -> None:
+    """A mask that hides the newest key on one side (found by an audit) is not cache padding to cut from that side
+    only: the pair keeps the longer side's visible keys on both, so keys, values and masks are compared."""
+    from ulptrace.comparison import without_cache_padding_pair
+
+    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    reference = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v})  # sees all 8
+    hides_newest = torch.tensor([True] * 7 + [False]).view(1, 1, 1, 8)
+    candidate = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v, "attention_mask": hides_newest})
+    ref, cand = without_cache_padding_pair(reference, candidate)
+    assert ref is reference and cand.inputs["key"].shape[-2] == 8 and cand.inputs["attention_mask"].shape[-1] == 8
+    padded = torch.tensor([True] * 5 + [False] * 3).view(1, 1, 1, 8)  # a static cache's tail on both sides
+    both = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v, "attention_mask": padded})
+    peek = torch.tensor([True] * 6 + [False] * 2).view(1, 1, 1, 8)
+    other = Record("a", 1, "attention", 0, q, {"query": q, "key": k, "value": v, "attention_mask": peek})
+    ref, cand = without_cache_padding_pair(both, other)
+    assert ref.inputs["key"].shape[-2] == cand.inputs["key"].shape[-2] == 6
+
+
 def test_graph_mode_without_cuda_exits_2_with_one_line(capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the refusal is for machines without it")
