@@ -137,6 +137,22 @@ def untraced_pair(cfg, repeats: int = 3) -> float:
     return min(run() for _ in range(repeats))
 
 
+def message_timeline(messages: dict) -> str:
+    """A concurrent onset's ``messages`` (``RemoteTrace.finish``) in one line: for each step, seconds from the
+    reference's run start when the reference handed its last message of the step on, when this side asked for the
+    step's token (its step done) and when it had it."""
+    sent = {}
+    for step, _, handed in messages["sent"]:
+        sent[step] = handed
+    asked = {step: (a, b) for step, a, b in messages["asked"]}
+    last = messages["received"][-1][2] if messages["received"] else float("nan")
+    steps = sorted(set(sent) | set(asked))
+    return (f"this side built at {messages['candidate_built']:.3f}, the onset ended at {messages['ended']:.3f}; "
+            "steps (reference sent / candidate asked / had): " + " ".join(
+        f"{s}:{sent.get(s, float('nan')):.3f}/{asked.get(s, (float('nan'),) * 2)[0]:.3f}/"
+        f"{asked.get(s, (float('nan'),) * 2)[1]:.3f}" for s in steps) + f"; reference done at {last:.3f}")
+
+
 def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int, dict]:
     """(seconds of run_onset less its two model builds, peak allocated bytes on CUDA or 0, about a concurrent run).
 
@@ -206,6 +222,10 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
                       "reference_model_shipped": start.get("model_shipped"),
                       "candidate_built_s": built_at[-1] - start["spawned_at"],
                       "seconds": process.get("seconds"),
+                      # the reference run's start, this side's build's end and the onset's end, on the messages' clock
+                      "messages": process.get("messages") and {
+                          **process["messages"], "candidate_built": built_at[-1] - process["messages"]["began_at"],
+                          "ended": t1 - process["messages"]["began_at"]},
                       "switched_to_concurrent": info.get("switched_to_concurrent"),
                       "concurrent_from_start": info.get("concurrent_from_start"),
                       "peak_before_switch_bytes": before_switch[0] if before_switch else None}
@@ -407,12 +427,15 @@ def main() -> None:
     if "P1" in goals:
         run_untraced = untraced_runner(cfg)  # built after the cold run, so that its models are not in P5's peak
         pair_all = [run_untraced() for _ in range(2)]
-        warm_all, waits, parts = [], [], []
+        warm_all, waits, parts, timelines = [], [], [], []
         for _ in range(args.warm_repeats):  # interleaved with untraced runs: both sides see the host's same moods
             warm_s, _, warm_process = traced(cfg, None, "P1-warm")
             warm_all.append(warm_s)
             waits.append(warm_process.get("waited_for_reference_s"))
             parts.append(warm_process.get("seconds"))
+            if warm_process.get("messages"):
+                timelines.append(warm_process["messages"])
+                print("P1 warm, " + message_timeline(warm_process["messages"]), flush=True)
             pair_all.append(run_untraced())
         warm, pair = min(warm_all), min(pair_all)
         # each warm run over the untraced run right after it, the median: robust to a host whose speed drifts over the
@@ -427,7 +450,7 @@ def main() -> None:
                      "waited_for_reference_s": [process.get("waited_for_reference_s"), *waits],
                      "reference_start_up_s": process.get("reference_start_up_s"),
                      "candidate_built_s": process.get("candidate_built_s"),
-                     "concurrent_seconds": [process.get("seconds"), *parts]}
+                     "concurrent_seconds": [process.get("seconds"), *parts], "message_timelines": timelines}
         print(f"P1 onset without oracle {args.prompts}x{args.prompt_len}, {args.new_tokens} steps: {seconds:.2f} s vs "
               f"untraced pair {pair:.2f} s = {seconds / pair:.2f}x cold, {warm:.2f} s = {warm / pair:.2f}x warm "
               f"(least of {args.warm_repeats}; untraced: least of {len(pair_all)}, interleaved; median of each warm run "

@@ -105,6 +105,7 @@ class _Shipper:
         # where this process's shipping time went: packing the arenas, handing them to the queue (which waits while
         # AHEAD messages are not yet taken: the candidate's side is then the slower one), waiting for live reads
         self.seconds = {"pack_s": 0.0, "put_s": 0.0, "live_wait_s": 0.0}
+        self.sent: list[tuple[int, float, float]] = []  # each message: (its step, when packing began, when handed on)
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
         child_put(self.out, ("metadata", metadata))
@@ -148,8 +149,10 @@ class _Shipper:
         self.records, self._bytes, self._seen = [], 0, set()
         t1 = time.perf_counter()
         child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
+        t2 = time.perf_counter()
         self.seconds["pack_s"] += t1 - t0
-        self.seconds["put_s"] += time.perf_counter() - t1
+        self.seconds["put_s"] += t2 - t1
+        self.sent.append((step, t0, t2))
 
 
 def from_start(cfg: Any) -> str | None:
@@ -240,7 +243,8 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
         child_put(out, ("done", tokens.cpu().share_memory_(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
                   "torch_settings": {name: str(value) for name, value in torch_settings().items()},
-                  "start_up": start, "seconds": {"run_s": ran, **sink.seconds}}))
+                  "start_up": start, "seconds": {"run_s": ran, **sink.seconds},
+                  "messages": {"began_at": began, "sent": sink.sent}}))
     except Orphaned:
         raise
     except BaseException as exc:  # noqa: BLE001 — shipped whole, raised in the parent
@@ -316,6 +320,10 @@ class RemoteTrace:
         self._handed: list[tuple[str, int]] = []
         # this side's time waiting for the reference's messages, and unpacking them (finish() reports them)
         self.seconds = {"candidate_waited_s": 0.0, "candidate_unpack_s": 0.0}
+        # each message taken: (its step or None, when this side began to wait for it, when it had it); each token asked
+        # for: (its step, when asked, when answered) — where each side was when (time.perf_counter, both processes')
+        self.received: list[tuple[int | None, float, float]] = []
+        self.asked: list[tuple[int, float, float]] = []
         # the CUDA arenas of the messages taken, a list a message, held here until no view of them is left and the
         # device has read them (_let_go): torch's end of a CUDA IPC memory synchronises the current stream, which
         # stops this side's run at every message if the last view of one goes while the run goes on
@@ -347,6 +355,7 @@ class RemoteTrace:
         t1 = time.perf_counter()
         self.seconds["candidate_waited_s"] += t1 - t0
         kind = item[0]
+        self.received.append((item[1] if kind == "step" else None, t0, t1))
         if kind == "metadata":
             self._metadata = item[1]
         elif kind == "step":
@@ -446,8 +455,10 @@ class RemoteTrace:
 
     def forced_token(self, step: int) -> torch.Tensor:
         """The token the reference chose at ``step`` (``[batch, 1]``): what the candidate is fed after it."""
+        asked = time.perf_counter()
         while step not in self.tokens:
             self._receive()
+        self.asked.append((step, asked, time.perf_counter()))
         return self.tokens[step]
 
     def finish(self) -> tuple[torch.Tensor, Any, dict[str, Any] | None, dict[str, Any]]:
@@ -461,12 +472,19 @@ class RemoteTrace:
         process, else built there)) and ``seconds``, where the run's time went on both sides: the reference's run
         (``run_s``), in it its packing (``pack_s``), its handing messages to the queue (``put_s``: it waits while
         ``AHEAD`` are not taken, i.e. while this side is behind) and its waits for live reads; this side's waits for
-        messages (``candidate_waited_s``: the reference is behind) and their unpacking), and ``arena_waits``, how
+        messages (``candidate_waited_s``: the reference is behind) and their unpacking), ``arena_waits``, how
         often this side waited for the device to pass arenas it had read because more than ``WAITING_BYTES`` of them
-        were waiting (a long prefill's device work behind)."""
+        were waiting (a long prefill's device work behind), and ``messages``, where each side was when: the reference's
+        run began at ``began_at`` (its clock) and, in seconds from then, each message it ``sent`` (step, packing began,
+        handed on — a step's parts share its step), each one this side ``received`` (step or None for the last, began
+        to wait, had it) and each token this side ``asked`` for (step, asked, answered: where its steps ended)."""
         self.keys()
         self.done[-1]["seconds"].update(self.seconds)  # type: ignore[index]
         self.done[-1]["arena_waits"] = self._unused.waited  # type: ignore[index]
+        messages = self.done[-1]["messages"]  # type: ignore[index]
+        began = messages["began_at"]
+        for name, events in (("sent", messages["sent"]), ("received", self.received), ("asked", self.asked)):
+            messages[name] = [(step, round(a - began, 4), round(b - began, 4)) for step, a, b in events]
         return self.done  # type: ignore[return-value]
 
 

@@ -46,6 +46,16 @@ def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
     assert set(seconds) == {"run_s", "pack_s", "put_s", "live_wait_s", "candidate_waited_s", "candidate_unpack_s"}
     assert min(seconds.values()) >= 0 and 0 < seconds["pack_s"] + seconds["put_s"] < seconds["run_s"]
     assert concurrent["run"]["reference_process"]["arena_waits"] == 0  # host memory: nothing waits for a device
+    # where each side was when: every step sent whole before this side had its token, each event's end after its start
+    messages = concurrent["run"]["reference_process"]["messages"]
+    sent = {step: handed for step, _, handed in messages["sent"]}
+    assert sorted(sent) == list(range(SMALL["new_tokens"]))
+    asked = messages["asked"]
+    assert [step for step, _, _ in asked] == list(range(SMALL["new_tokens"] - 1))  # the last step's token feeds nothing
+    assert all(sent[step] <= had and asked_at <= had for step, asked_at, had in asked)
+    events = [*messages["sent"], *messages["received"], *asked]  # (this side may wait before the reference began)
+    assert all(start <= end for _, start, end in events) and min(end for _, _, end in events) >= 0
+    assert messages["received"][-1][0] is None  # the reference's end, after its steps
 
 
 def test_a_step_shipped_in_parts_reports_what_the_sequential_onset_does(monkeypatch) -> None:
