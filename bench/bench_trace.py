@@ -372,6 +372,10 @@ def main() -> None:
     p.add_argument("--part-mib", type=int, metavar="MIB",
                    help="with --concurrent: the reference ships a step's records in parts of this size "
                         "(ulptrace.concurrent.PART_BYTES, default its own)")
+    p.add_argument("--compare-nothing", action="store_true",
+                   help="an experiment, not a measure of the tool: this side's streaming comparison only takes the "
+                        "reference's records and drops them with its own (no statistics, an empty report) — what the "
+                        "onset's wall would be if this side's comparison cost nothing (the reports are not written)")
     args = p.parse_args()
     check_workload(p, args)
     if args.warm_repeats < 1:
@@ -388,6 +392,18 @@ def main() -> None:
         from ulptrace import concurrent
 
         concurrent.PART_BYTES = args.part_mib << 20  # read by ReferenceProcess.start, sent with each run
+    if args.compare_nothing:
+        if args.reports or args.reports_only:
+            p.error("--compare-nothing makes empty reports: it takes no --reports")
+        from ulptrace.comparison import StreamingComparator
+
+        def add(self, record) -> None:  # the reference's record taken (its arenas let go) and dropped, as this one
+            self._seen.add(record.key)
+            self.reference.pop(record.key) if self.release else self.reference.get(record.key)
+
+        StreamingComparator.add = add
+        out_note = "this side's comparison replaced by dropping both records (--compare-nothing)"
+        print(f"experiment: {out_note}", flush=True)
     unknown = [g for g in args.goals if g not in GOALS]
     if unknown:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
@@ -397,7 +413,7 @@ def main() -> None:
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "host_malloc": host_malloc,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
-                              "part_mib": args.part_mib,
+                              "part_mib": args.part_mib, "compare_nothing": args.compare_nothing,
                               "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens},
