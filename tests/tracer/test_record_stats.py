@@ -418,3 +418,21 @@ def test_statistics_merged_from_parts_of_whole_rows_equal_those_of_the_whole(dty
         merge_record_stats([])
     with pytest.raises(ValueError, match="row statistics or none"):
         merge_record_stats([with_rows, without])
+
+
+@pytest.mark.gpu
+def test_launch_tables_staged_through_one_pinned_ring_arrive_as_written() -> None:
+    """``_ulp_triton.Staging``: tables copied to the device out of one pinned ring, without the host waiting, arrive
+    as written — also when the stream is still busy (``torch.cuda._sleep``) as the ring wraps over a region whose copy
+    has not run yet (the wrap waits for it: without that the second table's values would be read for the first),
+    and a table larger than the ring."""
+    from ulptrace import _ulp_triton
+
+    staging = _ulp_triton.Staging(entries=16)
+    first, second, large = list(range(10)), list(range(100, 110)), list(range(1000, 1040))
+    torch.cuda._sleep(50_000_000)  # the stream busy for a while: the copies below wait behind it
+    got_first = staging.upload(first, torch.device("cuda"))
+    got_second = staging.upload(second, torch.device("cuda"))  # does not fit after the first: the ring wraps
+    got_large = staging.upload(large, torch.device("cuda"))
+    assert got_first.tolist() == first and got_second.tolist() == second and got_large.tolist() == large
+    assert got_first.dtype == torch.int64 and got_first.is_cuda

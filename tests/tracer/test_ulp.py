@@ -680,3 +680,26 @@ def test_parts_differ_says_which_parts_hold_an_element_that_is_not_the_same_bits
         parts_differ(a, b, 5)
     with pytest.raises(ValueError, match=r"but got \(6, 8\) and \(8, 6\)"):
         parts_differ(a, b.reshape(8, 6), 6)
+
+
+@pytest.mark.parametrize("wide", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("narrow", [torch.bfloat16, torch.float16], ids=str)
+def test_same_bits_across_float_dtypes_is_same_value_and_sign(narrow, wide) -> None:
+    """A candidate stored wider than the reference holds the reference's value exactly where its value and sign are
+    the reference's: 1.0 and -0.0 and infinity (by hand), any NaN against any NaN (two payloads built from bit
+    patterns), not 1/3 in the wider format (not the narrow one's value), not +0 against -0, not a NaN against a
+    number — in both argument orders, and for BF16 against FP16 (neither holds the other)."""
+    from ulptrace.ulp import same_bits
+
+    nan_a = torch.tensor([0x7FC1 if narrow == torch.bfloat16 else 0x7E01], dtype=torch.int16).view(narrow)
+    nan_b = torch.tensor([0x7FF00001 if wide == torch.float32 else 0x7FF8_0000_0000_0042],
+                         dtype=torch.int32 if wide == torch.float32 else torch.int64).view(wide)
+    assert torch.isnan(nan_a).all() and torch.isnan(nan_b).all()
+    a = torch.cat([torch.tensor([1.0, -0.0, float("inf"), 1 / 3, 0.0, 2.0], dtype=narrow), nan_a])
+    b = torch.cat([torch.tensor([1.0, -0.0, float("inf"), 1 / 3, -0.0, float("nan")], dtype=wide), nan_b])
+    expected = torch.tensor([True, True, True, False, False, False, True])
+    assert torch.equal(same_bits(a, b), expected) and torch.equal(same_bits(b, a), expected)
+    other = torch.float16 if narrow == torch.bfloat16 else torch.bfloat16  # 1.0 and 2**-3 in both; 1/3 in neither alike
+    c = torch.tensor([1.0, 0.125, 1 / 3, -0.0], dtype=other)
+    d = torch.tensor([1.0, 0.125, 1 / 3, 0.0], dtype=narrow)
+    assert same_bits(c, d).tolist() == [True, True, False, False]
