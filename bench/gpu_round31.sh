@@ -28,10 +28,11 @@ side() {  # variant
         | grep -v Warn | sed "s/^/$1 r$2 /" | tee -a $OUT/side.log | grep -E "untraced|keep")
 }
 p1() {  # variant round
-    local dir=$root/bench pp="" envs=""
+    local dir=$root/bench pp="" envs="" f=$OUT/p1_${1}_$2.json
+    [ -e $f ] && f=$OUT/p1_${1}b_$2.json  # a variant listed twice in a round: "<variant>b"
     case $1 in tree) ;; treemalloc) envs="MALLOC_TOP_PAD_=131072" ;; *) dir=$root/.base/$1/bench pp=$root/.base/$1 ;; esac
     (cd $dir && env $envs PYTHONPATH=$pp timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b \
-        --prompts 8 --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $OUT/p1_${1}_$2.json 2>&1 \
+        --prompts 8 --prompt-len 128 --new-tokens 16 --goals P1 --concurrent auto --json $f 2>&1 \
         | grep "^P" | sed "s/^/$1 r$2 $(date +%T) /" | tee -a $OUT/p1.log)
 }
 for r in $(seq ${ROUNDS:-1}); do

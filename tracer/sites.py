@@ -205,12 +205,22 @@ def _gdn_conv_state(scope: Any, model: Any) -> Formula:
     return conv_state
 
 
+# what HF's attention modules hand their attention function besides the tensors and the scaling, by the module's
+# attribute each comes from (``softcap=self.attn_logit_softcapping``: Gemma 2's ``tanh(s / cap) * cap`` of the
+# scores; ``sliding_window=self.sliding_window``: the functions that take the window, not a mask): the core's
+# semantics are the call HF makes. Left out, a kernel that drops Gemma 2's soft cap was judged against a formula
+# without it too (inside: parity).
+ATTENTION_CALL_ATTRIBUTES = (("softcap", "attn_logit_softcapping"), ("sliding_window", "sliding_window"))
+
+
 def _attention_core(scope: Any, model: Any) -> Formula:
     attn = scope.self_attn
     fn = attention_function(model, unwrap=True)
+    extra = {name: getattr(attn, attribute) for name, attribute in ATTENTION_CALL_ATTRIBUTES
+             if getattr(attn, attribute, None) is not None}
 
     def core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask=None) -> torch.Tensor:
-        return fn(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling)[0]
+        return fn(attn, query, key, value, attention_mask, dropout=0.0, scaling=attn.scaling, **extra)[0]
 
     return core
 

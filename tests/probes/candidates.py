@@ -432,3 +432,16 @@ def a_key_hidden_at_decode(model):
         return mask
 
     return _mask_builder(model, allow_is_causal_skip=False, _then=hide)
+
+
+def attention_softcap_dropped(model):
+    """A defect: attention without Gemma 2's soft cap of the scores (``tanh(s / cap) * cap``) in the second layer —
+    an attention kernel that ignores the ``softcap`` HF passes to it."""
+    attn = model.model.layers[1].self_attn
+    cap = attn.attn_logit_softcapping
+    attn.attn_logit_softcapping = None
+
+    def undo():
+        attn.attn_logit_softcapping = cap
+
+    return undo

@@ -276,6 +276,30 @@ def gemma2_checkpoint(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def gemma2_tight_cap_checkpoint(tmp_path_factory) -> Path:
+    """The same shape with attention scores of a trained model's size (~1-3: the query and key projections scaled up)
+    and a soft cap that bends them (1.0): a tiny random model's scores are ~0.01, which Gemma 2's cap of 50 leaves
+    alone at BF16's resolution, and whose softmax is so flat that a flash kernel's BF16 probabilities hide any
+    change of them."""
+    import torch
+    import transformers
+
+    config = transformers.Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       final_logit_softcapping=30.0, attn_logit_softcapping=1.0,
+                                       max_position_embeddings=256, sliding_window=4)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("gemma2_cap")
+    model = transformers.Gemma2ForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(16)
+            layer.self_attn.k_proj.weight.mul_(16)
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
 def test_gemma2_has_its_own_table_and_hf_is_inside_it(tmp_path, gemma2_checkpoint) -> None:
     """Gemma 2 was listed with the Llama family, whose post-attention norm is ``norm(residual + delta)``: HF's own
     outputs fell outside their semantics at every norm and residual site (and the checkpoint did not load: it has no
@@ -298,6 +322,20 @@ def test_gemma2_has_its_own_table_and_hf_is_inside_it(tmp_path, gemma2_checkpoin
     judged = [s for s in data["sites"] if s["reference_outside"] is not None]
     assert len(judged) == len(data["sites"]) - 2  # every site but the embedding, at both steps
     assert all(s["reference_outside"] == 0 for s in judged) and data["parity"]["ok"]
+
+
+def test_attention_without_gemma2s_soft_cap_is_an_error_at_its_core(tmp_path, monkeypatch,
+                                                                    gemma2_tight_cap_checkpoint) -> None:
+    """Found by a CPU whose BF16 products put HF's own attention outside its semantics: the oracle's attention core
+    was called without the soft cap HF passes (``softcap=``), so a kernel that drops it was judged against a formula
+    without it too — inside, never an error. The core is judged with the call's own keyword arguments now."""
+    data = _onset(tmp_path, monkeypatch, "candidates:attention_softcap_dropped", "--model",
+                  str(gemma2_tight_cap_checkpoint))
+    assert data["onset"] == {"step": 0, "site": "layers.1.self_attn.core", "kind": "attention", "layer": 1,
+                             "reason": "verdict"}
+    core = next(s for s in data["sites"] if s["site"] == "layers.1.self_attn.core" and s["step"] == 0)
+    assert core["verdicts"]["error"] > 0
+    assert "error" in [f["kind"] for f in data["parity"]["failures"]]
 
 
 def test_a_fault_after_gemma2s_mlp_norm_is_located_there(tmp_path, monkeypatch, gemma2_checkpoint) -> None:

@@ -444,6 +444,10 @@ def mul(a: Iv, b: Iv) -> Iv:
     if a.is_point and b.is_point:
         v = a.lo * b.lo
         return Iv(v, v, _pt(torch.mul, a, b))
+    if a.is_point or b.is_point:  # two of the four corners: the other two are the same products (a weight, a scale)
+        x, y = (b, a.lo) if a.is_point else (a, b.lo)
+        p0, p1 = x.lo * y, x.hi * y
+        return Iv(torch.minimum(p0, p1), torch.maximum(p0, p1), _pt(torch.mul, a, b))
     p = (a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi)
     lo = torch.minimum(torch.minimum(p[0], p[1]), torch.minimum(p[2], p[3]))
     hi = torch.maximum(torch.maximum(p[0], p[1]), torch.maximum(p[2], p[3]))
