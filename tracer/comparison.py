@@ -164,18 +164,20 @@ def _stats_to(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBat
 class _Cast(NamedTuple):
     """The statistics of a pair whose candidate is stored in another float dtype than the reference — counted in the
     reference's, the candidate cast to it — and how many elements hold another value than the reference's
-    (``ulptrace.ulp.same_bits`` across dtypes; a 0-dim count read by ``finish_diffs``): a wider candidate's values
-    that round to the reference's are not its values, so such a record is not "equal"."""
+    (``ulptrace.ulp.same_bits`` across dtypes: ``numel`` less ``same``, a 0-dim count read by ``finish_diffs``): a
+    wider candidate's values that round to the reference's are not its values, so such a record is not "equal"."""
 
     stats: Stats
-    differing: torch.Tensor
+    same: torch.Tensor
+    numel: int
 
 
 def _cast_stats(ref: torch.Tensor, cand: torch.Tensor, rows: bool, batch: StatsBatch | None) -> _Cast:
     """:class:`_Cast` of a reference tensor and a candidate tensor of another float dtype, of one shape (a reference
     kept elsewhere is moved over once, for both)."""
     here = ref.to(cand.device, non_blocking=True)
-    return _Cast(_stats_to(here, cand.to(ref.dtype), rows, batch), (~same_bits(here, cand)).sum())
+    return _Cast(_stats_to(here, cand.to(ref.dtype), rows, batch), torch.count_nonzero(same_bits(here, cand)),
+                 ref.numel())
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -363,7 +365,7 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
     for p in pending:
         for x in (p.stats, *p.inputs.values()):
             if type(x) is _Cast:
-                casts.setdefault(x.differing.device, []).append(x)
+                casts.setdefault(x.same.device, []).append(x)
                 x = x.stats
             if type(x) is PendingStats:
                 waiting.append(x)
@@ -371,8 +373,8 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
                 waiting += [part for part in x if type(part) is PendingStats]
     resolve_stats(waiting)  # each one's value is known now
     # the counts of the pairs stored in another dtype, one read of each device for them all
-    differing = {id(c): n for group in casts.values()
-                 for c, n in zip(group, torch.stack([c.differing for c in group]).tolist(), strict=True)}
+    differing = {id(c): c.numel - n for group in casts.values()
+                 for c, n in zip(group, torch.stack([c.same for c in group]).tolist(), strict=True)}
 
     def done(x: Stats) -> RecordStats:
         kind = type(x)
