@@ -445,3 +445,30 @@ def attention_softcap_dropped(model):
         attn.attn_logit_softcapping = cap
 
     return undo
+
+
+def attention_softcap_fp32(model):
+    """A valid variant: Gemma 2's attention with the scores, their soft cap and the mask in FP32 (a fused kernel's
+    registers), the probabilities rounded to BF16 once normalised and ``P @ V`` as HF's eager path does it."""
+    import sys
+
+    owner = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original = owner.eager_attention_forward
+
+    def fused(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is not None:
+            scores = scores + attention_mask.float()
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+    owner.eager_attention_forward = fused
+
+    def undo():
+        owner.eager_attention_forward = original
+
+    return undo

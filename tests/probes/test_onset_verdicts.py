@@ -338,6 +338,17 @@ def test_attention_without_gemma2s_soft_cap_is_an_error_at_its_core(tmp_path, mo
     assert "error" in [f["kind"] for f in data["parity"]["failures"]]
 
 
+def test_gemma2s_soft_cap_fused_in_fp32_is_a_named_boundary(tmp_path, monkeypatch, gemma2_tight_cap_checkpoint) -> None:
+    """The valid twin: the scores, their soft cap and the mask kept in FP32 (a fused kernel) is the named fused-attention
+    boundary at every attention core — no error."""
+    data = _onset(tmp_path, monkeypatch, "candidates:attention_softcap_fp32", "--model",
+                  str(gemma2_tight_cap_checkpoint))
+    cores = [s for s in data["sites"] if s["site"].endswith("self_attn.core")]
+    assert len(cores) == 4 and all(s["verdicts"]["error"] == 0 for s in cores)
+    assert all(s["verdicts"]["boundary"] > 0 and "scores kept in FP32" in s["boundary"] for s in cores)
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["boundary"]
+
+
 def test_a_fault_after_gemma2s_mlp_norm_is_located_there(tmp_path, monkeypatch, gemma2_checkpoint) -> None:
     data = _onset(tmp_path, monkeypatch, "fault:layers.1.post_feedforward_layernorm@1+3", "--model",
                   str(gemma2_checkpoint))
