@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Thirty-third round, one device call: where the concurrent onset's time goes beyond each side's own tracing.
-#   1. bench_concurrent.py: each side untraced and traced, both at once and one at a time (the other waiting);
-#   2. bench_side_parts.py: each side alone, inside and outside the recorder's hooks;
-#   3. bench_trace.py --goals P1 --concurrent auto: P1 as the command's default runs it, with each warm run's
-#      message timeline (when the reference sent each step, when this side asked for its token and had it).
-#   5. spy: P1's onsets under py-spy (this process only; .whl/py-spy carried), summarised under the candidate's run;
-#   6. upload: bench_table_upload.py (a launch table's way to the device); tests: the statistics' GPU tests;
-#   4. floor: the same with --compare-nothing (this side's comparison dropped): the wall if it cost nothing.
-# Logs under $OUT; STAGES picks and orders some of "p1 floor side concurrent".
+# STAGES picks and orders some of these (default "p1 floor side concurrent"); logs under $OUT:
+#   p1: bench_trace.py --goals P1 --concurrent auto, P1 as the command's default runs it, with each warm run's message
+#       timeline (when the reference sent each step, when this side asked for its token and had it);
+#   floor: the same with --compare-nothing (this side's comparison dropped): the wall if it cost nothing;
+#   side: bench_side_parts.py, each side alone, inside and outside the recorder's hooks;
+#   concurrent: bench_concurrent.py, each side untraced and traced, both at once and one at a time;
+#   spy: P1's onsets under py-spy (this process only; .whl/py-spy carried), summarised under the candidate's run;
+#   upload: bench_table_upload.py (a launch table's way to the device);
+#   tests: the GPU tests in TESTS (default: the statistics' and the comparison's).
 set -uo pipefail
 export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1

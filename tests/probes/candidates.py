@@ -472,3 +472,42 @@ def attention_softcap_fp32(model):
         owner.eager_attention_forward = original
 
     return undo
+
+
+def attention_scale_2_percent(model):
+    """A defect: the attention scores scaled by 1.02 in every call of HF's SDPA function (a wrong scale constant)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from ulptrace.taps import tap
+
+    def transform(args, kwargs):
+        return args, {**kwargs, "scaling": kwargs["scaling"] * 1.02}
+
+    return tap(ALL_ATTENTION_FUNCTIONS, "sdpa").add_transform(transform).remove
+
+
+def attention_scores_fp32(model):
+    """A valid variant: SDPA replaced by a kernel keeping the scores and the mask in FP32, the probabilities rounded to
+    BF16 once normalised (GQA heads interleaved as HF repeats them)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def fused(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            scores = scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool \
+                else scores + attention_mask.float()
+        elif query.shape[2] > 1:  # SDPA's causal prefill without a mask: top-left aligned
+            n, m = query.shape[2], key.shape[2]
+            scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(query.dtype)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = fused
+
+    def undo():
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+
+    return undo

@@ -349,6 +349,45 @@ def test_gemma2s_soft_cap_fused_in_fp32_is_a_named_boundary(tmp_path, monkeypatc
     assert [f["kind"] for f in data["parity"]["failures"]] == ["boundary"]
 
 
+@pytest.fixture(scope="module")
+def llama_trained_scores_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Llama checkpoint whose query and key projections are scaled so that attention scores have a trained
+    model's size (~1-3; a random tiny model's are ~0.01, where a softmax is flat)."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(16)
+            layer.self_attn.k_proj.weight.mul_(16)
+    path = tmp_path_factory.mktemp("llama_scores")
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("candidate, error", [("candidates:attention_scale_2_percent", True),
+                                              ("candidates:attention_scores_fp32", False)])
+def test_attention_at_trained_size_scores(tmp_path, monkeypatch, llama_trained_scores_checkpoint, candidate,
+                                          error) -> None:
+    """At a trained model's score sizes the oracle tells a 2% scale of the scores (an error at the first attention core)
+    from a fused kernel that keeps the scores in FP32 (ties, at parity); HF's own attention is inside."""
+    data = _onset(tmp_path, monkeypatch, candidate, "--model", str(llama_trained_scores_checkpoint),
+                  "--prompt-len", "16", "--new-tokens", "3", "--check-reference")
+    cores = [s for s in data["sites"] if s["site"].endswith("self_attn.core")]
+    assert all(s["reference_outside"] == 0 for s in cores)
+    if error:
+        assert data["onset"] == {"step": 0, "site": "layers.0.self_attn.core", "kind": "attention", "layer": 0,
+                                 "reason": "verdict"}
+        assert "error" in [f["kind"] for f in data["parity"]["failures"]]
+    else:
+        assert data["parity"]["ok"] and all(s["verdicts"]["error"] == s["verdicts"]["boundary"] == 0 for s in cores)
+        assert sum(s["verdicts"]["tie"] for s in cores) > 0  # the scores' FP32 values did move some outputs
+
+
 def test_a_fault_after_gemma2s_mlp_norm_is_located_there(tmp_path, monkeypatch, gemma2_checkpoint) -> None:
     data = _onset(tmp_path, monkeypatch, "fault:layers.1.post_feedforward_layernorm@1+3", "--model",
                   str(gemma2_checkpoint))
