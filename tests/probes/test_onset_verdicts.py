@@ -260,44 +260,43 @@ def test_a_value_handed_on_unrounded_is_judged_where_it_arrives(tmp_path, monkey
     assert {f["kind"] for f in data["parity"]["failures"]} == {"boundary"}
 
 
-@pytest.fixture(scope="module")
-def gemma2_checkpoint(tmp_path_factory) -> Path:
-    """A tiny Gemma 2 checkpoint (sandwich norms, soft-capped attention and logits), saved as a user's would be."""
+def _tiny_checkpoint(path: Path, architecture: str, score_scale: float = 1.0, **config) -> Path:
+    """A tiny checkpoint of ``architecture`` (``transformers.<Name>Config`` / ``<Name>ForCausalLM``) saved to ``path``,
+    as a user's would be; ``score_scale`` multiplies the query and key projections so that attention scores have a
+    trained model's size (~1-3 at 16; a random tiny model's are ~0.01, where a softmax is flat and small changes of
+    the scores move no BF16 value)."""
     import torch
     import transformers
 
-    config = transformers.Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                       final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
-                                       max_position_embeddings=256, sliding_window=4)
+    shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("gemma2")
-    transformers.Gemma2ForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    model = getattr(transformers, f"{architecture}ForCausalLM")(
+        getattr(transformers, f"{architecture}Config")(**shape, **config))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(score_scale)
+            layer.self_attn.k_proj.weight.mul_(score_scale)
+    model.to(torch.bfloat16).save_pretrained(path)
     return path
+
+
+_GEMMA2 = dict(head_dim=16, final_logit_softcapping=30.0, sliding_window=4)
+
+
+@pytest.fixture(scope="module")
+def gemma2_checkpoint(tmp_path_factory) -> Path:
+    """A tiny Gemma 2 checkpoint (sandwich norms, soft-capped attention and logits)."""
+    return _tiny_checkpoint(tmp_path_factory.mktemp("gemma2"), "Gemma2", attn_logit_softcapping=50.0, **_GEMMA2)
 
 
 @pytest.fixture(scope="module")
 def gemma2_tight_cap_checkpoint(tmp_path_factory) -> Path:
-    """The same shape with attention scores of a trained model's size (~1-3: the query and key projections scaled up)
-    and a soft cap that bends them (1.0): a tiny random model's scores are ~0.01, which Gemma 2's cap of 50 leaves
-    alone at BF16's resolution, and whose softmax is so flat that a flash kernel's BF16 probabilities hide any
-    change of them."""
-    import torch
-    import transformers
-
-    config = transformers.Gemma2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                       final_logit_softcapping=30.0, attn_logit_softcapping=1.0,
-                                       max_position_embeddings=256, sliding_window=4)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("gemma2_cap")
-    model = transformers.Gemma2ForCausalLM(config)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(16)
-            layer.self_attn.k_proj.weight.mul_(16)
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
+    """The same shape with trained-size attention scores and a soft cap that bends them (1.0): Gemma 2's cap of 50
+    leaves a random tiny model's ~0.01 scores alone at BF16's resolution, and their flat softmax would hide any change
+    of them inside a flash kernel's BF16 probabilities."""
+    return _tiny_checkpoint(tmp_path_factory.mktemp("gemma2_cap"), "Gemma2", 16.0, attn_logit_softcapping=1.0,
+                            **_GEMMA2)
 
 
 def test_gemma2_has_its_own_table_and_hf_is_inside_it(tmp_path, gemma2_checkpoint) -> None:
@@ -351,22 +350,8 @@ def test_gemma2s_soft_cap_fused_in_fp32_is_a_named_boundary(tmp_path, monkeypatc
 
 @pytest.fixture(scope="module")
 def llama_trained_scores_checkpoint(tmp_path_factory) -> Path:
-    """A tiny Llama checkpoint whose query and key projections are scaled so that attention scores have a trained
-    model's size (~1-3; a random tiny model's are ~0.01, where a softmax is flat)."""
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(16)
-            layer.self_attn.k_proj.weight.mul_(16)
-    path = tmp_path_factory.mktemp("llama_scores")
-    model.to(torch.bfloat16).save_pretrained(path)
-    return path
+    """A tiny Llama checkpoint with trained-size attention scores."""
+    return _tiny_checkpoint(tmp_path_factory.mktemp("llama_scores"), "Llama", 16.0)
 
 
 @pytest.mark.parametrize("candidate, error", [("candidates:attention_scale_2_percent", True),
