@@ -310,14 +310,14 @@ class Staging:
         return on_device
 
 
-_staging: dict[int, Staging] = {}  # this process's (a forked child makes its own: by process id)
+# each process's, by process id: a forked child makes its own and never touches (or frees) its parent's ring
+_staging: dict[int, Staging] = {}
 
 
 def staging() -> Staging:
     """This process's :class:`Staging`."""
     pid = os.getpid()
     if pid not in _staging:
-        _staging.clear()
         _staging[pid] = Staging()
     return _staging[pid]
 
