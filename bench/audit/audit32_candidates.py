@@ -7,61 +7,15 @@ Each function patches an HF model in place and returns an undo callable. Written
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
-
-BF16 = torch.bfloat16
+from audit31_candidates import BF16, _attn_layers, _layers, _mm, _register_attention, _restore_attrs
 
 
 # --------------------------------------------------------------------------------------------- helpers
 
-def _mm(model):
-    return sys.modules[type(model).__module__]
-
-
-def _is_qwen(model) -> bool:
-    return "qwen3_5" in type(model).__module__
-
-
-def _layers(model):
-    return list(model.model.layers)
-
-
-def _attn_layers(model):
-    return [l for l in _layers(model) if hasattr(l, "self_attn")]
-
-
 def _gdns(model):
     return [l.linear_attn for l in _layers(model) if hasattr(l, "linear_attn")]
-
-
-def _restore_attrs(items):
-    def undo():
-        for obj, attr in items:
-            try:
-                delattr(obj, attr)
-            except AttributeError:
-                pass
-    return undo
-
-
-def _register_attention(model, name, fn):
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(name, fn)
-    old = model.config._attn_implementation
-    model.config._attn_implementation = name
-
-    def undo():
-        model.config._attn_implementation = old
-    return undo
-
-
-def _sdpa(module, q, k, v, mask, scaling, **kw):
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    return sdpa_attention_forward(module, q, k, v, mask, scaling=scaling, **kw)
 
 
 def _wrap_forward(model, post):
@@ -93,19 +47,24 @@ def _visible(mask):
     return mask == 0
 
 
-def _mask_builder(model, edit, eager=None):
+def _builders_encoding(mask, vis):
+    """``vis`` (visible keys, bool) written in ``mask``'s own encoding: bool, or additive with the dtype's lowest."""
+    if mask.dtype == torch.bool:
+        return vis
+    return torch.zeros(vis.shape, dtype=mask.dtype, device=mask.device).masked_fill(~vis, torch.finfo(mask.dtype).min)
+
+
+def _mask_builder(model, edit, eager=None, encode=_builders_encoding):
     """create_causal_mask always materialised (no is_causal skip), then ``edit(visible_bool) -> visible_bool`` and
-    written back in the builder's own encoding; ``eager``: also switch the model to HF's eager attention."""
+    written back by ``encode(mask, visible)`` (default: the builder's own encoding); ``eager``: also switch the model
+    to HF's eager attention."""
     mm = _mm(model)
     original = mm.create_causal_mask
 
     def create(*args, **kwargs):
         kwargs["allow_is_causal_skip"] = False
         mask = original(*args, **kwargs)
-        vis = edit(_visible(mask).clone())
-        if mask.dtype == torch.bool:
-            return vis
-        return torch.zeros(vis.shape, dtype=mask.dtype, device=mask.device).masked_fill(~vis, torch.finfo(mask.dtype).min)
+        return encode(mask, edit(_visible(mask).clone()))
 
     mm.create_causal_mask = create
     old = model.config._attn_implementation
@@ -120,16 +79,21 @@ def _mask_builder(model, edit, eager=None):
 
 # ============================================================================================ 1. output site
 
-def v40_head_fp32_accum(model):
-    """VALID: the LM head as an FP32 GEMM (FP32 operands/accumulation) rounded once to BF16. Expected: parity
-    (ties at logits/output)."""
+def _head_fp32(model, returned):
+    """The LM head as an FP32 GEMM (FP32 operands and accumulation), its result converted by ``returned``."""
     head = model.get_output_embeddings()
 
     def forward(x, head=head):
-        return F.linear(x.float(), head.weight.float()).to(x.dtype)
+        return returned(F.linear(x.float(), head.weight.float()), x.dtype)
 
     head.forward = forward
     return _restore_attrs([(head, "forward")])
+
+
+def v40_head_fp32_accum(model):
+    """VALID: the LM head as an FP32 GEMM (FP32 operands/accumulation) rounded once to BF16. Expected: parity
+    (ties at logits/output)."""
+    return _head_fp32(model, lambda y, dtype: y.to(dtype))
 
 
 def v41_logits_clone(model):
@@ -146,13 +110,7 @@ def x42_logits_last_only(model):
 def v43_logits_fp32_returned(model):
     """VALID, deliberate boundary: the head computed in FP32 and returned in FP32 (the BF16 rounding of the logits
     skipped). Expected: boundary at logits/output naming the skipped rounding (or ties), no error."""
-    head = model.get_output_embeddings()
-
-    def forward(x, head=head):
-        return F.linear(x.float(), head.weight.float())
-
-    head.forward = forward
-    return _restore_attrs([(head, "forward")])
+    return _head_fp32(model, lambda y, dtype: y)
 
 
 def d40_logits_softcap(model):
@@ -188,23 +146,9 @@ def d43_logits_temperature_near_one(model):
 def v44_mask_fp32_neginf_eager(model):
     """VALID: model on HF's eager attention, fed a float32 additive mask with -inf (HF: BF16 with finfo.min).
     Expected: parity against --reference hf:attn=eager and (other encodings/None) against sdpa."""
-    mm = _mm(model)
-    original = mm.create_causal_mask
-
-    def create(*args, **kwargs):
-        kwargs["allow_is_causal_skip"] = False
-        mask = original(*args, **kwargs)
-        vis = _visible(mask)
+    def fp32_neginf(mask, vis):
         return torch.zeros(vis.shape, dtype=torch.float32, device=vis.device).masked_fill(~vis, float("-inf"))
-
-    mm.create_causal_mask = create
-    old = model.config._attn_implementation
-    model.config._attn_implementation = "eager"
-
-    def undo():
-        mm.create_causal_mask = original
-        model.config._attn_implementation = old
-    return undo
+    return _mask_builder(model, lambda v: v, eager=True, encode=fp32_neginf)
 
 
 def v45_mask_broadcast_batch1(model):
@@ -269,7 +213,6 @@ def d46_padding_mask_row1_first(model):
 # ============================================================================================ 3. dtypes handed on
 
 def _o_proj_fp32_residual(model, scale=1.0):
-    mm_call = None
     patched = []
     for layer in _attn_layers(model):
         lin = layer.self_attn.o_proj
