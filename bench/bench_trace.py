@@ -141,16 +141,14 @@ def message_timeline(messages: dict) -> str:
     """A concurrent onset's ``messages`` (``RemoteTrace.finish``) in one line: for each step, seconds from the
     reference's run start when the reference handed its last message of the step on, when this side asked for the
     step's token (its step done) and when it had it."""
-    sent = {}
-    for step, _, handed in messages["sent"]:
-        sent[step] = handed
-    asked = {step: (a, b) for step, a, b in messages["asked"]}
-    last = messages["received"][-1][2] if messages["received"] else float("nan")
-    steps = sorted(set(sent) | set(asked))
+    nan = float("nan")
+    sent = {step: handed for step, _, handed in messages["sent"]}  # a step's last part: its last message
+    asked = {step: (at, had) for step, at, had in messages["asked"]}
+    last = messages["received"][-1][2] if messages["received"] else nan
+    steps = " ".join(f"{s}:{sent.get(s, nan):.3f}/{asked.get(s, (nan, nan))[0]:.3f}/{asked.get(s, (nan, nan))[1]:.3f}"
+                     for s in sorted(sent.keys() | asked.keys()))
     return (f"this side built at {messages['candidate_built']:.3f}, the onset ended at {messages['ended']:.3f}; "
-            "steps (reference sent / candidate asked / had): " + " ".join(
-        f"{s}:{sent.get(s, float('nan')):.3f}/{asked.get(s, (float('nan'),) * 2)[0]:.3f}/"
-        f"{asked.get(s, (float('nan'),) * 2)[1]:.3f}" for s in steps) + f"; reference done at {last:.3f}")
+            f"steps (reference sent / candidate asked / had): {steps}; reference done at {last:.3f}")
 
 
 def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> tuple[float, int, dict]:
@@ -395,15 +393,20 @@ def main() -> None:
     if args.compare_nothing:
         if args.reports or args.reports_only:
             p.error("--compare-nothing makes empty reports: it takes no --reports")
+        if args.goals != ["P1"]:  # P3 would judge nothing, P5 and P2 do not read the comparison
+            p.error(f"--compare-nothing times P1's onsets only: it takes --goals P1, but got --goals "
+                    f"{' '.join(args.goals)}")
         from ulptrace.comparison import StreamingComparator
 
         def add(self, record) -> None:  # the reference's record taken (its arenas let go) and dropped, as this one
             self._seen.add(record.key)
-            self.reference.pop(record.key) if self.release else self.reference.get(record.key)
+            if self.release:
+                self.reference.pop(record.key)
+            else:  # (a streamed reference waits for the record's step here, as the comparison does)
+                self.reference.get(record.key)
 
         StreamingComparator.add = add
-        out_note = "this side's comparison replaced by dropping both records (--compare-nothing)"
-        print(f"experiment: {out_note}", flush=True)
+        print("experiment: this side's comparison replaced by dropping both records (--compare-nothing)", flush=True)
     unknown = [g for g in args.goals if g not in GOALS]
     if unknown:
         p.error(f"--goals takes {', '.join(GOALS)}, but got {', '.join(unknown)}")
