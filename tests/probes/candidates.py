@@ -447,6 +447,26 @@ def attention_softcap_dropped(model):
     return undo
 
 
+def _attention_fp32_scores(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None,
+                           **kwargs):
+    """An attention function of a fused kernel: the scores, their soft cap (where given) and the mask (bool or
+    additive; none at a prefill: causal, top-left aligned as SDPA's) in FP32, the probabilities rounded to the input
+    dtype once normalised, then ``P @ V`` as HF's eager path does it; GQA heads interleaved as HF repeats them."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool \
+            else scores + attention_mask.float()
+    elif query.shape[2] > 1:
+        n, m = query.shape[2], key.shape[2]
+        scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(query.dtype)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
 def attention_softcap_fp32(model):
     """A valid variant: Gemma 2's attention with the scores, their soft cap and the mask in FP32 (a fused kernel's
     registers), the probabilities rounded to BF16 once normalised and ``P @ V`` as HF's eager path does it."""
@@ -454,19 +474,7 @@ def attention_softcap_fp32(model):
 
     owner = sys.modules[type(model.model.layers[0].self_attn).__module__]
     original = owner.eager_attention_forward
-
-    def fused(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
-        if softcap is not None:
-            scores = torch.tanh(scores / softcap) * softcap
-        if attention_mask is not None:
-            scores = scores + attention_mask.float()
-        probs = torch.softmax(scores, dim=-1).to(query.dtype)
-        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-    owner.eager_attention_forward = fused
+    owner.eager_attention_forward = _attention_fp32_scores
 
     def undo():
         owner.eager_attention_forward = original
@@ -487,25 +495,11 @@ def attention_scale_2_percent(model):
 
 def attention_scores_fp32(model):
     """A valid variant: SDPA replaced by a kernel keeping the scores and the mask in FP32, the probabilities rounded to
-    BF16 once normalised (GQA heads interleaved as HF repeats them)."""
+    BF16 once normalised."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
-
-    def fused(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool \
-                else scores + attention_mask.float()
-        elif query.shape[2] > 1:  # SDPA's causal prefill without a mask: top-left aligned
-            n, m = query.shape[2], key.shape[2]
-            scores = scores.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(m - n + 1), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(query.dtype)
-        return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
-
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = fused
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = _attention_fp32_scores
 
     def undo():
         ALL_ATTENTION_FUNCTIONS["sdpa"] = original
