@@ -658,17 +658,12 @@ def d22_norm_fast_rsqrt(model):
     return _restore_attrs(patched)
 
 
-def _mask_off_by_one(model, eager: bool):
+def _mask_builder_patched(model, make, eager: bool):
+    """HF's ``create_causal_mask`` replaced by ``make(original)``; ``eager``: the model switched to HF's eager
+    attention too. Returns the undo of both."""
     mm = _mm(model)
     original = mm.create_causal_mask
-
-    def create(*args, **kwargs):
-        # the serving layer adds "look one token ahead" through HF's or_mask_function hook (a bug)
-        kwargs["or_mask_function"] = lambda b, h, q, kv: kv == q + 1
-        kwargs["allow_is_causal_skip"] = False
-        return original(*args, **kwargs)
-
-    mm.create_causal_mask = create
+    mm.create_causal_mask = make(original)
     old = model.config._attn_implementation
     if eager:
         model.config._attn_implementation = "eager"
@@ -677,6 +672,18 @@ def _mask_off_by_one(model, eager: bool):
         mm.create_causal_mask = original
         model.config._attn_implementation = old
     return undo
+
+
+def _mask_off_by_one(model, eager: bool):
+    def make(original):
+        def create(*args, **kwargs):
+            # the serving layer adds "look one token ahead" through HF's or_mask_function hook (a bug)
+            kwargs["or_mask_function"] = lambda b, h, q, kv: kv == q + 1
+            kwargs["allow_is_causal_skip"] = False
+            return original(*args, **kwargs)
+        return create
+
+    return _mask_builder_patched(model, make, eager)
 
 
 def d21_mask_builder_peek(model):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from audit31_candidates import BF16, _attn_layers, _layers, _mm, _register_attention, _restore_attrs
+from audit31_candidates import (BF16, _attn_layers, _layers, _mask_builder_patched, _mm, _register_attention,
+                                _restore_attrs)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -58,23 +59,14 @@ def _mask_builder(model, edit, eager=None, encode=_builders_encoding):
     """create_causal_mask always materialised (no is_causal skip), then ``edit(visible_bool) -> visible_bool`` and
     written back by ``encode(mask, visible)`` (default: the builder's own encoding); ``eager``: also switch the model
     to HF's eager attention."""
-    mm = _mm(model)
-    original = mm.create_causal_mask
+    def make(original):
+        def create(*args, **kwargs):
+            kwargs["allow_is_causal_skip"] = False
+            mask = original(*args, **kwargs)
+            return encode(mask, edit(_visible(mask).clone()))
+        return create
 
-    def create(*args, **kwargs):
-        kwargs["allow_is_causal_skip"] = False
-        mask = original(*args, **kwargs)
-        return encode(mask, edit(_visible(mask).clone()))
-
-    mm.create_causal_mask = create
-    old = model.config._attn_implementation
-    if eager:
-        model.config._attn_implementation = "eager"
-
-    def undo():
-        mm.create_causal_mask = original
-        model.config._attn_implementation = old
-    return undo
+    return _mask_builder_patched(model, make, bool(eager))
 
 
 # ============================================================================================ 1. output site
@@ -157,29 +149,24 @@ def v45_mask_broadcast_batch1(model):
     return _mask_builder(model, lambda v: v[:1])
 
 
+def _hide_first_key(v):
+    """Key 0 (the first token / attention sink) hidden from every query but the first."""
+    if v.shape[-2] > 1:
+        v[..., 1:, 0] = False
+    else:
+        v[..., 0] = False
+    return v
+
+
 def d44_mask_hide_first_token(model):
     """DEFECT: the mask hides key 0 (the first token / attention sink) from every query but the first.
     Expected: error/unobserved at layer 0's first full-attention core, step 0."""
-    def edit(v):
-        q = v.shape[-2]
-        if q > 1:
-            v[..., 1:, 0] = False
-        else:
-            v[..., 0] = False
-        return v
-    return _mask_builder(model, edit)
+    return _mask_builder(model, _hide_first_key)
 
 
 def d44e_mask_hide_first_token_eager(model):
     """DEFECT: as d44 with the model on eager attention (run vs --reference hf:attn=eager)."""
-    def edit(v):
-        q = v.shape[-2]
-        if q > 1:
-            v[..., 1:, 0] = False
-        else:
-            v[..., 0] = False
-        return v
-    return _mask_builder(model, edit, eager=True)
+    return _mask_builder(model, _hide_first_key, eager=True)
 
 
 def d45_mask_decode_hides_self(model):
@@ -326,39 +313,35 @@ def d50b_beta_decode_x1_03(model):
     return _patch_module_fn(model, "torch_recurrent_gated_delta_rule", make)
 
 
+def _state_to_cache(model, change, *names):
+    """The scans named (``torch_chunk_gated_delta_rule``: prefill; ``torch_recurrent_gated_delta_rule``: decode) hand
+    the cache ``change(state)`` instead of their state; their output unchanged."""
+    def wrap(original):
+        def fn(*a, **kw):
+            out, state = original(*a, **kw)
+            return out, (None if state is None else change(state))
+        return fn
+    undos = [_patch_module_fn(model, name, wrap) for name in names]
+    return lambda: [undo() for undo in reversed(undos)]
+
+
 def d51_state_to_cache_scaled(model):
     """DEFECT (Qwen3.5): the prefill scan's output is right but the recurrent state it hands the cache is scaled
     by 0.999. Expected: error at recurrent_state, step 0."""
-    def make(original):
-        def chunk(*a, **kw):
-            out, state = original(*a, **kw)
-            return out, (None if state is None else state * 0.999)
-        return chunk
-    return _patch_module_fn(model, "torch_chunk_gated_delta_rule", make)
+    return _state_to_cache(model, lambda state: state * 0.999, "torch_chunk_gated_delta_rule")
 
 
 def d51b_state_to_cache_scaled_decode(model):
     """DEFECT (Qwen3.5): the decode kernel's output is right, its state handed to the cache is scaled by 0.999.
     Expected: error at recurrent_state, step 1."""
-    def make(original):
-        def rec(*a, **kw):
-            out, state = original(*a, **kw)
-            return out, (None if state is None else state * 0.999)
-        return rec
-    return _patch_module_fn(model, "torch_recurrent_gated_delta_rule", make)
+    return _state_to_cache(model, lambda state: state * 0.999, "torch_recurrent_gated_delta_rule")
 
 
 def v52_state_cache_bf16(model):
     """VALID, deliberate boundary (Qwen3.5): both scans hand the cache their state rounded to BF16 (read back as
     FP32 by the next step). Expected: boundary at recurrent_state naming the BF16 state, no error."""
-    def wrap(original):
-        def fn(*a, **kw):
-            out, state = original(*a, **kw)
-            return out, (None if state is None else state.to(BF16))
-        return fn
-    u1 = _patch_module_fn(model, "torch_chunk_gated_delta_rule", wrap)
-    u2 = _patch_module_fn(model, "torch_recurrent_gated_delta_rule", wrap)
-    return lambda: (u2(), u1())
+    return _state_to_cache(model, lambda state: state.to(BF16), "torch_chunk_gated_delta_rule",
+                           "torch_recurrent_gated_delta_rule")
 
 
 def _chunk_size(n):
