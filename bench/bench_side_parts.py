@@ -100,14 +100,18 @@ class HookTimer:
             setattr(self._class, name, f)
 
 
-def _where(stack: list[traceback.FrameSummary]) -> str:
-    """The innermost frame outside torch's own files (and this script's warning capture): where a sync was asked."""
+def _where(stack: list[traceback.FrameSummary], depth: int = 2) -> str:
+    """The innermost ``depth`` frames outside torch's own files and the benchmarks' (and the warning capture): where a
+    sync was asked, and by whom."""
+    found = []
     for frame in reversed(stack):
         name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and "/warnings.py" not in name and not name.endswith("bench_side_parts.py"):
-            short = "/".join(name.split("/")[-2:])
-            return f"{short}:{frame.lineno} {frame.name}"
-    return "?"
+        if "/torch/" not in name and "/warnings.py" not in name and "/bench/" not in name \
+                and not name.endswith(("bench_side_parts.py", "bench_trace.py")):
+            found.append(f"{'/'.join(name.split('/')[-2:])}:{frame.lineno} {frame.name}")
+            if len(found) == depth:
+                break
+    return " <- ".join(found) or "?"
 
 
 def count_syncs(run) -> Counter:

@@ -374,8 +374,14 @@ def main() -> None:
                    help="an experiment, not a measure of the tool: this side's streaming comparison only takes the "
                         "reference's records and drops them with its own (no statistics, an empty report) — what the "
                         "onset's wall would be if this side's comparison cost nothing (the reports are not written)")
+    p.add_argument("--syncs", action="store_true",
+                   help="after P1's timed runs, one more warm onset with this process's host synchronisations on the "
+                        "CUDA device counted by where they were asked (torch.cuda.set_sync_debug_mode; not timed)")
     args = p.parse_args()
     check_workload(p, args)
+    if args.syncs and (not args.device.startswith("cuda") or "P1" not in args.goals):
+        p.error(f"--syncs counts CUDA synchronisations of a P1 onset: it needs a CUDA --device and --goals P1, but got "
+                f"--device {args.device} --goals {' '.join(args.goals)}")
     if args.warm_repeats < 1:
         p.error(f"--warm-repeats must be >= 1, but got {args.warm_repeats}")
     if min(args.oracle_prompts, args.oracle_prompt_len, args.oracle_new_tokens) < 1:
@@ -461,6 +467,14 @@ def main() -> None:
         # minutes of the benchmark (call 3 of RESULTS.md's ninth round: 0.94 -> 1.78 s untraced), which least-of is not
         paired = statistics.median(w / u for w, u in zip(warm_all, pair_all[2:]))
         del run_untraced
+        if args.syncs:  # untimed: the warnings' stacks slow every synchronising call
+            from bench_side_parts import count_syncs  # this folder
+
+            where = count_syncs(lambda: traced(cfg, None, "P1-syncs"))
+            out["P1_syncs"] = dict(where.most_common())
+            print(f"P1 syncs of this process in one warm onset: {sum(where.values())}", flush=True)
+            for place, n in where.most_common(15):
+                print(f"P1 syncs {n:6d}  {place}", flush=True)
         if args.profile:  # a third run: the profiler slows Python-heavy code, so the warm figure is not taken from it
             traced(cfg, None, "P1-profiled", args.profile)
         out["P1"] = {"untraced_pair_s": pair, "onset_s": seconds, "ratio": seconds / pair, "peak_bytes": peak,
