@@ -7,6 +7,8 @@
 #   sidesyncs: bench_side_parts.py --syncs — each side alone (untraced, hooks only, records dropped, kept), and the
 #            synchronisations of each side untraced and kept;
 #   concurrent: bench_concurrent.py — each side untraced and traced, both at once and one at a time;
+#   cost: bench_compare_cost.py — the candidate's streaming comparison alone, fed recorded records (whole, its Python
+#            alone, without pair reuse), with a cProfile of one pass;
 #   p1: P1 alone (as gpu_round33.sh's p1), for an A/B in one call;
 #   mpson / mpsoff: start / stop a private CUDA MPS daemon (its pipe and log folders under /tmp/mps): the stages
 #            after mpson run their CUDA processes as MPS clients — one GPU context for all of them, so kernels of the
@@ -30,6 +32,8 @@ for stage in ${STAGES:-p1syncs sidesyncs concurrent}; do
         | grep -v Warn | tee $OUT/side.log | tail -60 ;;
     concurrent) timeout 170 python3 bench_concurrent.py $W --repeats ${REPEATS:-3} --json $OUT/concurrent${TAG:-}.json 2>&1 \
         | grep -v Warn | tee $OUT/concurrent${TAG:-}.log | tail -12 ;;
+    cost) timeout 300 python3 bench_compare_cost.py $W --repeats ${REPEATS:-5} --json $OUT/cost${TAG:-}_$(date +%H%M%S).json \
+        2>&1 | grep --line-buffered -v "Warn\|falling" | tee -a $OUT/cost${TAG:-}.log ;;
     mpson) which nvidia-cuda-mps-control; mkdir -p /tmp/mps/pipe /tmp/mps/log
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log; TAG=_mps
         nvidia-cuda-mps-control -d && echo "mps daemon started: $?" | tee -a $OUT/mps.log

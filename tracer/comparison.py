@@ -253,17 +253,30 @@ class KnownPairs:
 
     A site's recorded input is often another site's output — the same tensor object on each side (the recorder
     keeps one copy per observation) — so it is compared once. Held by weak references: an entry lives as long
-    as both tensors do, and nothing is kept alive for it.
+    as both tensors do, and nothing is kept alive for it. The entries of tensors that are gone are dropped when the
+    table has grown to twice what the last such pass left (at least ``PRUNE_AT``): a pass over it each time it passed
+    a fixed size cost every later ``put`` a pass over the whole table while more pairs than that lived (an oracle's
+    queue holding a run's records, or a benchmark's) — 1.7 ms a put, 15.6 s of a 9-s comparison of the 0.8B shape's
+    8 x 128 tokens on the H100 (``bench/bench_compare_cost.py``, ``bench/RESULTS.md``, thirty-fourth round).
     """
+
+    PRUNE_AT = 4096
 
     def __init__(self) -> None:
         self._pairs: dict[tuple[int, int], tuple[Any, Any, Stats, bool]] = {}
+        self._prune_at = self.PRUNE_AT
+        self.prunes = 0  # passes over the table (each drops the entries of tensors that are gone)
 
     def put(self, a: torch.Tensor, b: torch.Tensor, stats: Stats, rows: bool = False) -> None:
         """Keep ``stats`` of the pair; ``rows``: they hold the row statistics an output needs (an input's do not)."""
-        if len(self._pairs) > 4096:  # drop the entries of tensors that are gone
+        if len(self._pairs) >= self._prune_at:  # drop the entries of tensors that are gone
             self._pairs = {k: v for k, v in self._pairs.items() if v[0]() is not None and v[1]() is not None}
+            self._prune_at = max(self.PRUNE_AT, 2 * len(self._pairs))
+            self.prunes += 1
         self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats, rows)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
 
     def get(self, a: torch.Tensor, b: torch.Tensor, rows: bool = False) -> Stats | None:
         """The pair's statistics, if kept (with row statistics, when ``rows`` asks for them)."""

@@ -803,3 +803,26 @@ def test_the_returned_logits_formula_is_what_the_model_returns(softcap) -> None:
     assert site.kind == "logits" and (site.inputs["x"].module, site.inputs["x"].at) == ("lm_head", "in0")
     assert made.dtype == returned.dtype and torch.equal(made.view(torch.int16), returned.view(torch.int16))
     assert (softcap is None) == torch.equal(returned, seen["head"])
+
+
+def test_known_pairs_drop_the_gone_and_keep_the_living_in_few_passes() -> None:
+    """Pairs whose tensors are gone are dropped, living ones kept and found; with many pairs alive at once (an
+    oracle's queue holding a run's records) the table is passed over a logarithmic number of times, not at every
+    put past a fixed size (which made a comparison of the 0.8B shape quadratic)."""
+    from ulptrace.comparison import KnownPairs
+
+    known = KnownPairs()
+    alive = [(torch.zeros(1), torch.zeros(1)) for _ in range(5 * KnownPairs.PRUNE_AT)]
+    for i, (a, b) in enumerate(alive):
+        known.put(a, b, i)
+    assert len(known) == len(alive)  # nothing dropped while it lives
+    assert all(known.get(a, b) == i for i, (a, b) in enumerate(alive))
+    assert known.prunes <= 3  # 4096, 8192, 16384 (passes over 4K, 8K, 16K entries), not one a put past 4096
+    del alive[: 4 * KnownPairs.PRUNE_AT]  # those pairs are gone now
+    prunes, later = known.prunes, []
+    while known.prunes == prunes and len(later) < 20 * KnownPairs.PRUNE_AT:  # new pairs, up to the next pass
+        later.append((torch.zeros(1), torch.zeros(1)))
+        known.put(*later[-1], None)
+    assert known.prunes == prunes + 1
+    assert len(known) <= len(alive) + len(later)  # the gone ones dropped (or their keys taken by new pairs)
+    assert all(known.get(a, b) == i + 4 * KnownPairs.PRUNE_AT for i, (a, b) in enumerate(alive))
