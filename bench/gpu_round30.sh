@@ -5,11 +5,7 @@
 # P1 as the command's default runs it (BENCH=0: skipped; P1_ROUNDS times, SEQ=1: sequential too).
 # REPORTS=0: no reports. Logs under $OUT.
 set -uo pipefail
-export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
-python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())" \
-    | tee $OUT/env.log
-python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
+. "$(dirname "$0")/gpu_setup.sh"
 cd bench
 if [ "${REPORTS:-1}" = 1 ]; then
     timeout 200 python3 bench_trace.py --device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 \

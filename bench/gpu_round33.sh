@@ -10,12 +10,8 @@
 #   upload: bench_table_upload.py (a launch table's way to the device);
 #   tests: the GPU tests in TESTS (default: the statistics' and the comparison's).
 set -uo pipefail
-export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
-python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())" \
-    | tee $OUT/env.log
+. "$(dirname "$0")/gpu_setup.sh"
 git log -1 --format=%h 2>/dev/null | tee -a $OUT/env.log
-python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
 cd bench
 W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
 for stage in ${STAGES:-p1 floor side concurrent}; do

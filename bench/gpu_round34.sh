@@ -14,11 +14,7 @@
 #            after mpson run their CUDA processes as MPS clients — one GPU context for all of them, so kernels of the
 #            two sides are not time-sliced between two contexts.
 set -uo pipefail
-export TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCH_EXTENSIONS_DIR=/tmp/ext PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
-python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.get_device_name())" \
-    | tee $OUT/env.log
-python3 -c "from ulptrace.kernels import _build; _build.extension()" 2>&1 | tail -1
+. "$(dirname "$0")/gpu_setup.sh"
 cd bench
 W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
 for stage in ${STAGES:-p1syncs sidesyncs concurrent}; do
