@@ -256,8 +256,8 @@ class KnownPairs:
     as both tensors do, and nothing is kept alive for it. The entries of tensors that are gone are dropped when the
     table has grown to twice what the last such pass left (at least ``PRUNE_AT``): a pass over it each time it passed
     a fixed size cost every later ``put`` a pass over the whole table while more pairs than that lived (an oracle's
-    queue holding a run's records, or a benchmark's) — 1.7 ms a put, 15.6 s of a 9-s comparison of the 0.8B shape's
-    8 x 128 tokens on the H100 (``bench/bench_compare_cost.py``, ``bench/RESULTS.md``, thirty-fourth round).
+    queue holding a run's records, or a benchmark's) — 1.7 ms a put: a comparison of the 0.8B shape's 8 x 128 tokens,
+    16 steps, took 8.8 s on an H100 (0.71 s now) (``bench/bench_compare_cost.py``, ``bench/RESULTS.md``, thirty-fourth round).
     """
 
     PRUNE_AT = 4096
@@ -276,6 +276,7 @@ class KnownPairs:
         self._pairs[id(a), id(b)] = (weakref.ref(a), weakref.ref(b), stats, rows)
 
     def __len__(self) -> int:
+        """Entries held (those of tensors gone since the last pass among them)."""
         return len(self._pairs)
 
     def get(self, a: torch.Tensor, b: torch.Tensor, rows: bool = False) -> Stats | None:
