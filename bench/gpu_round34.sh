@@ -9,6 +9,9 @@
 #   concurrent: bench_concurrent.py — each side untraced and traced, both at once and one at a time;
 #   cost: bench_compare_cost.py — the candidate's streaming comparison alone, fed recorded records (whole, its Python
 #            alone, without pair reuse), with a cProfile of one pass;
+#   p3big / p3bigbase: the oracle onset on P1's work (8 x 128 tokens, 16 steps: ~9,300 pairs, the range where the
+#            known-pairs table was quadratic) with this tree / with .base/pkg32's package (c2730f0, before the fix;
+#            carried), reports under $OUT/reports_<stage> for report_diff.py;
 #   p1: P1 alone (as gpu_round33.sh's p1), for an A/B in one call;
 #   mpson / mpsoff: start / stop a private CUDA MPS daemon (its pipe and log folders under /tmp/mps): the stages
 #            after mpson run their CUDA processes as MPS clients — one GPU context for all of them, so kernels of the
@@ -30,6 +33,10 @@ for stage in ${STAGES:-p1syncs sidesyncs concurrent}; do
         | grep -v Warn | tee $OUT/concurrent${TAG:-}.log | tail -12 ;;
     cost) timeout 300 python3 bench_compare_cost.py $W --repeats ${REPEATS:-5} --json $OUT/cost${TAG:-}_$(date +%H%M%S).json \
         2>&1 | grep --line-buffered -v "Warn\|falling" | tee -a $OUT/cost${TAG:-}.log ;;
+    p3big|p3bigbase) if [ $stage = p3bigbase ]; then dir=../.base/pkg32/bench; pp=$PWD/../.base/pkg32; else dir=.; pp=; fi
+        (cd $dir && PYTHONPATH=$pp timeout 400 python3 bench_trace.py $W --goals P3 --oracle-prompts 8 --oracle-prompt-len 128 \
+            --oracle-new-tokens 16 --warm-repeats 2 --reports $OUT/reports_$stage --json $OUT/$stage.json 2>&1 \
+            | grep "^P3" | tee $OUT/$stage.log | cut -c1-300) ;;
     mpson) which nvidia-cuda-mps-control; mkdir -p /tmp/mps/pipe /tmp/mps/log
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log; TAG=_mps
         nvidia-cuda-mps-control -d && echo "mps daemon started: $?" | tee -a $OUT/mps.log
