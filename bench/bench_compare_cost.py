@@ -39,7 +39,10 @@ def main() -> None:
     check_workload(p, args)
     cfg = workload_config(args, oracle=False)
     began = time.perf_counter()
-    say = lambda what: print(f"[{time.perf_counter() - began:7.1f} s] {what}", flush=True)
+
+    def say(what: str) -> None:  # progress, so that a run cut off by a timeout still says how far it came
+        print(f"[{time.perf_counter() - began:7.1f} s] {what}", flush=True)
+
     ref, cand, prompts = build_pair(cfg)
     say("built")
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
@@ -56,7 +59,7 @@ def main() -> None:
     sync()
     say(f"recorded both sides: {len(records)} candidate records")
     makeup = {"records": len(records), "inputs": sum(len(r.inputs) for r in records),
-              "cast": sum(r.out.dtype != reference.get(r.key).out.dtype for r in records if reference.get(r.key)),
+              "cast": sum(r.out.dtype != ref.out.dtype for r in records if (ref := reference.get(r.key)) is not None),
               "bytes": sum(r.out.nbytes for r in records)}
     real_stats, real_get = C._stats, C.KnownPairs.get
     constant = PendingStats(RecordStats(True, 0, 0, {}, 0.0, {}))

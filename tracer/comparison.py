@@ -257,7 +257,8 @@ class KnownPairs:
     table has grown to twice what the last such pass left (at least ``PRUNE_AT``): a pass over it each time it passed
     a fixed size cost every later ``put`` a pass over the whole table while more pairs than that lived (an oracle's
     queue holding a run's records, or a benchmark's) — 1.7 ms a put: a comparison of the 0.8B shape's 8 x 128 tokens,
-    16 steps, took 8.8 s on an H100 (0.71 s now) (``bench/bench_compare_cost.py``, ``bench/RESULTS.md``, thirty-fourth round).
+    16 steps, took 8.8 s on an H100, 0.71 s now (``bench/bench_compare_cost.py``; ``bench/RESULTS.md``, thirty-fourth
+    round).
     """
 
     PRUNE_AT = 4096

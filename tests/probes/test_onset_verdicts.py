@@ -338,8 +338,8 @@ def test_attention_without_gemma2s_soft_cap_is_an_error_at_its_core(tmp_path, mo
 
 
 def test_gemma2s_soft_cap_fused_in_fp32_is_a_named_boundary(tmp_path, monkeypatch, gemma2_tight_cap_checkpoint) -> None:
-    """The valid twin: the scores, their soft cap and the mask kept in FP32 (a fused kernel) is the named fused-attention
-    boundary at every attention core — no error."""
+    """The valid twin: the scores, their soft cap and the mask kept in FP32 (a fused kernel) is the named
+    fused-attention boundary at every attention core — no error."""
     data = _onset(tmp_path, monkeypatch, "candidates:attention_softcap_fp32", "--model",
                   str(gemma2_tight_cap_checkpoint))
     cores = [s for s in data["sites"] if s["site"].endswith("self_attn.core")]
