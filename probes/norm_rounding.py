@@ -226,8 +226,10 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, cache_len=args.cache_len,
                     seed=args.seed, device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites,
                     kinds=norm_kinds(args.kinds), layers=args.layers, steps=args.steps)
+    from ulptrace.run import check_run
     from ulptrace.sdpa import default_note
 
+    check_run(cfg)  # bad input refused before the run is announced
     note = default_note(cfg.device, cfg.sdpa)
     if note:
         say(note)

@@ -132,7 +132,8 @@ def default_note(device: str | torch.device, backend: str) -> str | None:
     attention enabled): a line for stderr, or None."""
     import torch
 
-    if backend != "default" or not _on_cuda(device) or not torch.backends.cuda.cudnn_sdp_enabled():
+    if backend != "default" or not _on_cuda(device) or not torch.cuda.is_available() \
+            or not torch.backends.cuda.cudnn_sdp_enabled():  # (no CUDA device: the device check says so)
         return None
     return ("note: torch may run cuDNN's attention here (--sdpa default); on an H200 with torch 2.11 its output did "
             "not repeat its bits run after run, so two runs' reports can differ — --sdpa flash pins a backend that "

@@ -102,9 +102,31 @@ def test_a_pinned_backend_without_a_kernel_names_the_option(monkeypatch) -> None
 
 
 def test_the_note_on_cuda_defaults() -> None:
+    """The note where torch may pick cuDNN's attention — a CUDA device present, torch's choice, cuDNN's attention
+    enabled — and none without a CUDA device (the device check's error says what is wrong there)."""
     assert default_note("cpu", "default") is None and default_note("cuda", "flash") is None
     note = default_note("cuda", "default")
-    assert note is None if not torch.backends.cuda.cudnn_sdp_enabled() else "--sdpa flash" in note
+    if torch.cuda.is_available() and torch.backends.cuda.cudnn_sdp_enabled():
+        assert "--sdpa flash" in note
+    else:
+        assert note is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA device")
+def test_a_missing_cuda_device_is_the_only_word(capsys) -> None:
+    """Asked for CUDA where there is none, both commands say so and nothing before it: no note on cuDNN's attention,
+    no announcement of a run that cannot start."""
+    from ulptrace.probes.norm_rounding import main as norm_main
+
+    assert main(["onset", "--model", "tiny-llama", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is available on this machine" in err and "note:" not in err
+    assert norm_main(["--model", "tiny-llama", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda: no CUDA device is available" in err and "note:" not in err and "recording" not in err
+    assert norm_main(["--model", "tiny-llama", "--prompt-len", "-3"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompts and --prompt-len must be >= 1, but got 2 and -3" in err and "recording" not in err
 
 
 def test_onset_reports_the_pin_and_the_same_findings(tmp_path) -> None:
