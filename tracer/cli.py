@@ -65,7 +65,7 @@ def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool
     g.add_argument("--plot", metavar="FILE", type=plot_file, help="draw the report's figures into FILE (.png, .pdf "
                    "or .svg; needs matplotlib: pip install 'ulptrace[plot]')")
     g.add_argument("--all", action="store_true", help="show bitwise-equal rows too")
-    g.add_argument("--max-ulp", type=int, default=0, help="budget for sites without oracle semantics")
+    g.add_argument("--max-ulp", type=non_negative_int, default=0, help="budget for sites without oracle semantics")
     g.add_argument("--no-oracle", action="store_true", help="skip verdicts (ULP statistics only)")
     if check_reference:
         g.add_argument("--check-reference", action="store_true",
@@ -73,6 +73,17 @@ def add_report_options(parser: argparse.ArgumentParser, *, check_reference: bool
     g.add_argument("--allow-could-not-judge", action="store_true",
                    help="do not fail the parity decision on sites the oracle could not judge (they are then held "
                         "to --max-ulp like sites without semantics)")
+
+
+def non_negative_int(text: str) -> int:
+    """An option's integer that cannot be negative (a ULP budget), checked while the arguments are parsed."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, but got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, but got {value}")
+    return value
 
 
 def plot_file(path: str) -> str:

@@ -21,7 +21,6 @@ use ulptrace does not pay for torch.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import re
 import shlex
@@ -33,18 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ulptrace.cli import non_negative_int
 
 __all__ = ["TraceSaver", "add_options"]
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, but got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, but got {value}")
-    return value
 
 
 def add_options(adder: Callable[..., Any]) -> None:
@@ -65,7 +55,7 @@ def add_options(adder: Callable[..., Any]) -> None:
         "--ulptrace-max-ulp",
         dest="ulptrace_max_ulp",
         metavar="N",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="default ULP budget returned by the ulptrace_budget fixture (default: 0)",
     )

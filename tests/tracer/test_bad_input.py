@@ -334,6 +334,17 @@ def test_usage_errors_are_one_line(capsys) -> None:
                                        "(see `ulptrace onset --help`)")
 
 
+@pytest.mark.parametrize("argv, command", [(["onset", "--max-ulp", "-1"], "onset"),
+                                           (["compare", "a", "b", "--max-ulp", "-1"], "compare")])
+def test_a_negative_ulp_budget_is_refused(argv, command, capsys) -> None:
+    """A budget below zero has no meaning (every difference is over it, and so is none): refused while parsing."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert _one_line_error(capsys) == (f"ulptrace {command}: error: argument --max-ulp: expected a non-negative "
+                                       f"integer, but got -1 (see `ulptrace {command} --help`)")
+
+
 # -- output paths are checked before the first model is built ---------------------------------------
 
 @pytest.mark.parametrize(
