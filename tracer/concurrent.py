@@ -30,6 +30,12 @@ comparison pops records from (waiting for a step that has not arrived), and feed
 as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs
 at most that far ahead and its records in flight stay bounded. An error in that process is raised here with its
 traceback; a process that dies without a word is reported with its exit code.
+
+A kept process serves one role (``ROLES``): the onset's reference, or a run beside it of the same model (``role=
+"candidate"``, another path applied there as a reference's would be) — two runs at once, each process kept for the
+next run of its role; ``RemoteTrace.arriving`` hands on such a run's records in the order they were made. That is
+``bench/bench_split.py``'s experiment: both sides elsewhere, only the comparison here (issue 11's P1, whose wall is
+the candidate recorded and compared in this process).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -273,20 +280,25 @@ class _Worker:
         self.shipped = None
 
 
-_IDLE: dict[tuple, _Worker] = {}  # a reference process kept after a clean run, by its model's key (at most one)
+# a process kept after a clean run, by its role and its model's key (one model's at most, a process per role)
+_IDLE: dict[tuple, _Worker] = {}
+ROLES = ("reference", "candidate")  # what a kept process serves: an onset's reference, or a side run beside it
 
 
-def _take_worker(cfg: Any) -> _Worker:
-    """The idle reference process of ``cfg``'s model if there is one (its model built, its CUDA context and kernels
-    warm), else the one the command line started for this run (``ulptrace.spawning.start_reference``), else a new
-    one; another idle process is stopped (one model's memory kept at most)."""
+def _take_worker(cfg: Any, role: str = "reference") -> _Worker:
+    """The idle process of ``role`` holding ``cfg``'s model if there is one (its model built, its CUDA context and
+    kernels warm), else — for the reference — the one the command line started for this run
+    (``ulptrace.spawning.start_reference``), else a new one; idle processes of another model are stopped (one model's
+    memory kept at most)."""
     key = model_key(cfg)
-    worker = _IDLE.pop(key, None)
+    worker = _IDLE.pop((role, key), None)
     if worker is not None and worker.process.is_alive():
-        drop_reference()  # one the command line started is not needed
+        if role == "reference":
+            drop_reference()  # one the command line started is not needed
         return worker
-    shutdown()
-    return _Worker(take_reference(cfg.model, cfg.device))
+    for other in [k for k in _IDLE if k[1] != key]:
+        _IDLE.pop(other).stop(idle=True)
+    return _Worker(take_reference(cfg.model, cfg.device) if role == "reference" else None)
 
 
 def shutdown() -> None:
@@ -447,6 +459,21 @@ class RemoteTrace:
             self._handed.append(key)
         return self._records.get(key)
 
+    def arriving(self) -> Iterator[Record]:
+        """Each record as it arrives, in the order the process made them, taken from here (``pop``): what a sink
+        would have been handed in that process, for a caller that compares a side run elsewhere as it goes."""
+        taken = 0
+        while True:
+            while taken == len(self._order) and self.done is None:
+                self._receive()
+            if taken == len(self._order):
+                return
+            key = self._order[taken]
+            taken += 1
+            record = self.pop(key)
+            if record is not None:
+                yield record
+
     def keys(self) -> list[tuple[str, int]]:
         """Every record the reference made, in its order (waits for the reference to finish)."""
         while self.done is None:
@@ -515,8 +542,11 @@ class ReferenceProcess:
     after a reference path of the user's own code too (the kept process would run the code it imported then, not what
     the user has edited since)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, role: str = "reference") -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, but got {role!r}")
         self.cfg = cfg
+        self.role = role  # which kept process serves it (ROLES): two runs of one model can go on at once, one each
         self.trace = RemoteTrace(self)
         self._worker: _Worker | None = None
         self._started = False
@@ -525,7 +555,7 @@ class ReferenceProcess:
 
     def __enter__(self) -> Self:
         self._setup = Setup.of(self.cfg)  # a reference path it could not import: refused before any process starts
-        self._worker = _take_worker(self.cfg)
+        self._worker = _take_worker(self.cfg, self.role)
         if self._worker.model_key != model_key(self.cfg):  # a new process: its imports now, while this side builds
             self._worker.started.prepare(self.cfg.model, self.cfg.device)
         return self
@@ -564,7 +594,10 @@ class ReferenceProcess:
             self._worker = None
             if exc_type is None and self.trace.done is not None and self.trace.failure is None \
                     and worker.process.is_alive() and not is_user_path(self.cfg.reference):
-                _IDLE[model_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
+                previous = _IDLE.pop((self.role, model_key(self.cfg)), None)
+                if previous is not None:  # (another run of this role beside it: one kept)
+                    previous.stop(idle=True)
+                _IDLE[self.role, model_key(self.cfg)] = worker  # kept: memory it shared stays valid while it lives
             else:
                 worker.stop()
 

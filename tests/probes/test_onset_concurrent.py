@@ -927,3 +927,44 @@ def test_the_commands_default_on_a_large_model_on_cuda_runs_the_reference_beside
     assert "of weights on cuda" in run["concurrent_from_start"] and run["reference_process"]["run_in_process"] == 1
     assert "reference_process" not in reports["no-concurrent"]["run"]
     assert _essentials(reports["default"]) == _essentials(reports["no-concurrent"])
+
+
+def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_they_came() -> None:
+    """Two runs of one model at once, each in a kept process of its own role (the candidate's path applied in the
+    ``candidate`` one as a reference's would be): ``arriving`` hands on every record of that run in the order it was
+    made, the same records (bitwise) as the run recorded in this process; both processes are kept apart and serve
+    the next runs of their roles; an unknown role is refused."""
+    from ulptrace.concurrent import _IDLE
+    from ulptrace.paths import apply_path
+    from ulptrace.record import MemorySink
+    from ulptrace.run import build_pair, record_generation, selected_sites
+    from ulptrace.ulp import bits
+
+    cfg = RunConfig(**SMALL, model="tiny-llama", candidate="kernels:fused", oracle=False, concurrent=True)
+    side = replace(cfg, reference=cfg.candidate)
+    _, model, prompts = build_pair(cfg, reference=False)
+    here, local = MemorySink(), build_pair(cfg, reference=False)[1]
+    with apply_path(local, cfg.candidate) as applied:
+        record_generation(local, cfg, "candidate", prompts, applied.info, sink=here, sites=selected_sites(local, cfg))
+    expected = [(r.key, r.out, r.inputs) for r in here.trace]
+    pids = []
+    for _ in range(2):
+        with ReferenceProcess(cfg) as reference, ReferenceProcess(side, role="candidate") as candidate:
+            reference.start(model)
+            candidate.start(model)
+            got = [(r.key, r.out, r.inputs) for r in candidate.trace.arriving()]
+            assert next(reference.trace.arriving()).key == got[0][0]  # the reference's run went on beside it
+            tokens = candidate.trace.finish()[0]
+            reference.trace.finish()
+            pids.append((reference.pid, candidate.pid))
+        assert [key for key, _, _ in got] == [key for key, _, _ in expected] and len(got) > 10
+        for (_, out, inputs), (_, want_out, want_inputs) in zip(got, expected, strict=True):
+            assert torch.equal(bits(out), bits(want_out)) and inputs.keys() == want_inputs.keys()
+            assert all(torch.equal(bits(inputs[r]), bits(want_inputs[r])) for r in inputs)
+        assert tokens.shape == (SMALL["prompts"], SMALL["new_tokens"])
+        assert sorted(role for role, _ in _IDLE) == ["candidate", "reference"]
+    assert pids[0] == pids[1] and pids[0][0] != pids[0][1]  # each role's process served its second run too
+    with pytest.raises(ValueError, match="role must be one of reference, candidate, but got 'judge'"):
+        ReferenceProcess(cfg, role="judge")
+    shutdown()
+    assert not _IDLE
