@@ -24,7 +24,7 @@ import torch
 
 
 def main() -> None:
-    from bench_trace import check_workload, workload_arguments, workload_config  # this folder
+    from bench_trace import check_workload, progress_printer, workload_arguments, workload_config  # this folder
     from ulptrace import comparison as C
     from ulptrace.paths import apply_path
     from ulptrace.record import MemorySink, Recorder, recording_collector
@@ -38,10 +38,7 @@ def main() -> None:
     args = p.parse_args()
     check_workload(p, args)
     cfg = workload_config(args, oracle=False)
-    began = time.perf_counter()
-
-    def say(what: str) -> None:  # progress, so that a run cut off by a timeout still says how far it came
-        print(f"[{time.perf_counter() - began:7.1f} s] {what}", flush=True)
+    say = progress_printer()
 
     ref, cand, prompts = build_pair(cfg)
     say("built")

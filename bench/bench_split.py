@@ -57,7 +57,8 @@ def split_run(cfg, model) -> tuple[float, object, dict, torch.Tensor]:
 
 
 def main() -> None:
-    from bench_trace import check_workload, traced, untraced_runner, workload_arguments, workload_config  # this folder
+    from bench_trace import (check_workload, progress_printer, traced, untraced_runner,  # this folder
+                             workload_arguments, workload_config)
     from ulptrace.run import build_pair
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -69,10 +70,7 @@ def main() -> None:
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, but got {args.repeats}")
     cfg = workload_config(args, oracle=False, concurrent=True)
-    began = time.perf_counter()
-
-    def say(what: str) -> None:  # progress, so that a run cut off by a timeout still says how far it came
-        print(f"[{time.perf_counter() - began:7.1f} s] {what}", flush=True)
+    say = progress_printer()
 
     _, model, _ = build_pair(cfg, reference=False)
     run_untraced = untraced_runner(replace(cfg, concurrent=False))

@@ -329,6 +329,17 @@ def check_workload(p: argparse.ArgumentParser, args: argparse.Namespace) -> None
     as_the_commands()
 
 
+def progress_printer() -> Any:
+    """A function printing a message with the seconds since it was made, flushed at once: a benchmark cut off by a
+    device call's time limit still says how far it came."""
+    began = time.perf_counter()
+
+    def say(what: str) -> None:
+        print(f"[{time.perf_counter() - began:7.1f} s] {what}", flush=True)
+
+    return say
+
+
 def workload_config(args: argparse.Namespace, **fields: Any) -> Any:
     """The ``RunConfig`` of the workload ``args`` name (``workload_arguments``), with ``fields`` set too."""
     from ulptrace.run import RunConfig
