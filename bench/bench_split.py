@@ -31,7 +31,9 @@ import torch
 
 
 def split_run(cfg, model) -> tuple[float, object, dict, torch.Tensor]:
-    """(seconds from sending both runs to the comparison's end, the comparison, the candidate process's run info,
+    """(seconds from sending both runs to the comparison's end, the comparison, each process's run info by role —
+    its ``seconds``: its run, its packing, its waits for this process to take its messages (``put_s``), and this
+    process's waits for its messages (``candidate_waited_s``, named for the onset's reader) and their unpacking —,
     the candidate's own tokens) of one split run of ``cfg``; ``model``: the candidate's model as built (a twin is
     shipped to a process that has none yet)."""
     from ulptrace.comparison import StreamingComparator
@@ -47,13 +49,13 @@ def split_run(cfg, model) -> tuple[float, object, dict, torch.Tensor]:
             sink.add(record)
         sink.result.candidate = dict(candidate.trace.metadata)
         tokens, _, _, process = candidate.trace.finish()
-        reference.trace.finish()
+        processes = {"candidate": process, "reference": reference.trace.finish()[3]}
         comparison = sink.finish()
         if cfg.device.startswith("cuda"):
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         del sink
-    return seconds, comparison, process, tokens
+    return seconds, comparison, processes, tokens
 
 
 def main() -> None:
@@ -81,11 +83,14 @@ def main() -> None:
     for _ in range(args.repeats):
         pair = run_untraced()
         onset_s = traced(cfg, None, "P1-onset")[0]
-        split_s, comparison, process, tokens = split_run(cfg, model)
-        rounds.append({"untraced_pair_s": pair, "onset_s": onset_s, "split_s": split_s,
-                       "candidate_run_s": process["seconds"]["run_s"]})
+        split_s, comparison, processes, tokens = split_run(cfg, model)
+        sides = {role: {"run_s": p["seconds"]["run_s"], "waited_for_this_process_s": p["seconds"]["put_s"],
+                        "this_process_waited_s": p["seconds"]["candidate_waited_s"]} for role, p in processes.items()}
+        rounds.append({"untraced_pair_s": pair, "onset_s": onset_s, "split_s": split_s, "split_sides": sides})
         say(f"untraced pair {pair:.3f} s, onset {onset_s:.3f} s ({onset_s / pair:.2f}x), split {split_s:.3f} s "
-            f"({split_s / pair:.2f}x; the candidate's own run {process['seconds']['run_s']:.3f} s)")
+            f"({split_s / pair:.2f}x; " + ", ".join(
+                f"{role} ran {v['run_s']:.3f} s, waited {v['waited_for_this_process_s']:.3f} s for this process, "
+                f"which waited {v['this_process_waited_s']:.3f} s for it" for role, v in sides.items()) + ")")
     from ulptrace.probes.onset import run_onset
 
     reference_comparison, info = run_onset(cfg)  # the onset's records, against the split run's last comparison
