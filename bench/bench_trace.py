@@ -210,7 +210,8 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
     concurrent: dict = {}
     process = info.get("reference_process")
     if process is not None:
-        ready = max(built_at[-1], process["built_at"])
+        # (a split run's candidate process too: the later of all builds' ends)
+        ready = max(built_at[-1], process["built_at"], info.get("candidate_process", {}).get("built_at", 0.0))
         seconds = t1 - ready
         start = process["start_up"]  # the reference process's start-up, from when it was started (first run)
         concurrent = {"waited_for_reference_s": max(0.0, process["built_at"] - built_at[-1]),
@@ -369,10 +370,11 @@ def main() -> None:
                    help=f"the goals to measure (default all: {' '.join(GOALS)}); P5 reads P1's traced run")
     p.add_argument("--reference-memory", choices=("auto", "device", "host"), default="auto",
                    help="where the traced onsets keep the reference's records (onset's --reference-memory)")
-    p.add_argument("--concurrent", nargs="?", const="on", choices=("on", "auto"),
+    p.add_argument("--concurrent", nargs="?", const="on", choices=("on", "auto", "split"),
                    help="the traced onsets record the reference in a process of its own while the candidate runs "
                         "(onset's --concurrent; 'auto': as the command's default, switching to it once the "
-                        "reference's records are forecast to outgrow their GPU share); the untraced base still runs "
+                        "reference's records are forecast to outgrow their GPU share; 'split': both sides in "
+                        "processes of their own, this one comparing only); the untraced base still runs "
                         "the pair one after the other, between concurrent onsets (on the H200 such runs were slower "
                         "in two of three calls, which idle_helper.py --rounds then traced to the host's drift, not "
                         "the kept process; modes_ab.py divides both modes by one base)")
@@ -443,7 +445,7 @@ def main() -> None:
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
             "reference_memory": args.reference_memory,
-            **({"concurrent": True if args.concurrent == "on" else "auto"} if args.concurrent else {})}
+            **({"concurrent": {"on": True}.get(args.concurrent, args.concurrent)} if args.concurrent else {})}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
     cfg3 = RunConfig(**base, prompts=args.oracle_prompts, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Thirty-fifth round's plan for the next device call: would a comparison in a process of its own lift P1's wall?
-# STAGES picks and orders (default "split p1"); logs under $OUT:
-#   split: bench_split.py — per round, interleaved: the untraced pair, the onset as --concurrent runs it, and both
-#          sides in kept processes of their own (roles reference / candidate) with this process only comparing
-#          (the candidate not fed the reference's tokens: its own greedy run, the same work); the split comparison's
-#          records checked equal to the onset's over the steps whose inputs both share;
-#   p1: P1 as the command's default (as gpu_round34.sh's p1), for the same host's figure.
+# Thirty-fifth round's plan for the next device call: does comparing in a process of its own lift P1's wall?
+# STAGES picks and orders (default "tests split p1 split p1"); logs under $OUT:
+#   tests: the split onset's GPU tests (its records and fed tokens through CUDA IPC; reports as the sequential onset's);
+#   split: P1 with onset's concurrent="split" (both sides in processes of their own, this one comparing only), its
+#          reports under $OUT/reports_split (report_diff.py against p1's: the same records and verdicts);
+#   p1: P1 as the command's default (the reference beside, the candidate recorded and compared here), its reports
+#       under $OUT/reports_p1.
 set -uo pipefail
 . "$(dirname "$0")/gpu_setup.sh"
 cd bench
-W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16"
-for stage in ${STAGES:-split p1}; do
+W="--device cuda --model qwen3.5-0.8b --prompts 8 --prompt-len 128 --new-tokens 16 --goals P1"
+for stage in ${STAGES:-tests split p1 split p1}; do
     echo "== $stage $(date +%T)"
     case $stage in
-    split) timeout 420 python3 bench_split.py $W --repeats ${REPEATS:-3} --json $OUT/split_$(date +%H%M%S).json 2>&1 \
-        | grep --line-buffered -v "Warn\|falling" | tee -a $OUT/split.log | cut -c1-600 ;;
-    p1) timeout 220 python3 bench_trace.py $W --goals P1 --concurrent auto --json $OUT/p1_$(date +%H%M%S).json 2>&1 \
-        | grep "^P1 onset" | tee -a $OUT/p1.log | cut -c1-400 ;;
+    tests) (cd .. && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/probes/test_onset_split.py \
+        2>&1 | tail -5 | tee $OUT/tests.log) ;;
+    split) timeout 220 python3 bench_trace.py $W --concurrent split --reports $OUT/reports_split \
+        --json $OUT/split_$(date +%H%M%S).json 2>&1 | grep "^P1 onset\|^P1 concurrent" | tee -a $OUT/split.log \
+        | cut -c1-400 ;;
+    p1) timeout 220 python3 bench_trace.py $W --concurrent auto --reports $OUT/reports_p1 \
+        --json $OUT/p1_$(date +%H%M%S).json 2>&1 | grep "^P1 onset" | tee -a $OUT/p1.log | cut -c1-400 ;;
     esac
 done
+python3 report_diff.py $OUT/reports_p1 $OUT/reports_split 2>&1 | tail -2

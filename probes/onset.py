@@ -67,6 +67,12 @@ def run_onset(cfg: RunConfig, *, reference_dir: str | Path | None = None,
 def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[str], None], bar: Progress
                ) -> tuple[Comparison, dict[str, Any]]:
     started = time.perf_counter()  # the run info's timeline counts from here
+    if cfg.concurrent == "split":
+        if reference_dir is not None:
+            raise ValueError("concurrent='split' records both sides in processes of their own and keeps no reference "
+                             f"trace, but a reference directory was given ({str(reference_dir)!r}): drop one of them")
+        drop_reference()  # (a process the command line started is taken by _run_split's reference, if it matches)
+        return _run_split(cfg, say, bar, started)
     if cfg.concurrent is True:
         if reference_dir is not None:
             raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
@@ -254,12 +260,7 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress, s
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         ref_model, cand_model, prompts = built if built is not None else build_pair(cfg, reference=cfg.oracle)
         remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
-        if pool is not None:
-            pool.start(ref_model)
-        judge = None
-        if cfg.oracle:  # the reference's modules define the semantics to judge by, as in _run_onset
-            stack.enter_context(apply_path(ref_model, cfg.reference))
-            judge = _oracle(cfg, ref_model, pool)
+        judge = _judge_beside(cfg, stack, ref_model, pool)
         _mark(info, "built_s")
         with apply_path(cand_model, cfg.candidate) as cand_applied:
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
@@ -282,6 +283,64 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress, s
     info["reference_process"] = process
     _judging_info(info, pool)
     return _finished(comparison, info, ref_tokens, cand_tokens)
+
+
+def _run_split(cfg: RunConfig, say: Callable[[str], None], bar: Progress, started: float
+               ) -> tuple[Comparison, dict[str, Any]]:
+    """``_run_onset`` with both sides recorded in processes of their own (``concurrent="split"``; the reference's as
+    ``_run_concurrent`` runs it, the candidate's a kept process of role ``candidate``, fed the reference's tokens as
+    they come) and this process comparing only: the same records compared the same way. Why: in
+    ``_run_concurrent`` the candidate records and compares in this process, and on a GPU host that side is the wall
+    (``bench/RESULTS.md``, thirty-third to thirty-fifth rounds; ``bench/bench_trace.py --concurrent split``)."""
+    check_run(cfg)  # before a process is started
+    info = _run_info(cfg, started)
+    with ExitStack() as stack:
+        remote = stack.enter_context(ReferenceProcess(cfg))
+        side = stack.enter_context(ReferenceProcess(cfg, role="candidate"))
+        pool = _judge_pool(cfg, stack)
+        say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) and candidate {cfg.candidate!r} "
+            f"({cfg.candidate_mode}) on {cfg.model} in processes of their own ({cfg.prompts}x{cfg.prompt_len}, "
+            f"{cfg.new_tokens} steps)")
+        ref_model, cand_model, _ = build_pair(cfg, reference=cfg.oracle)
+        remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
+        side.start(cand_model, feed=remote.trace.forced_token)
+        judge = _judge_beside(cfg, stack, ref_model, pool)
+        sites = len(selected_sites(cand_model, cfg))
+        del cand_model  # its twins live in the processes (their memory is kept shared by the processes' workers)
+        _mark(info, "built_s")
+        sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True,
+                                   judging=bar.counter(JUDGING, "stack"))
+        bar.start(f"candidate {cfg.candidate}, compared here as both run", cfg.new_tokens, sites)
+        for record in side.trace.arriving():
+            sink.add(record)
+            bar.step(record.step)
+        bar.step(cfg.new_tokens)
+        bar.close()
+        _mark(info, "candidate_s")
+        cand_tokens, cand_path_info, cand_observed, cand_process = side.trace.finish()
+        ref_tokens, ref_path_info, ref_observed, process = remote.trace.finish()
+        sink.result.reference["path_info"] = ref_path_info  # as the reference's process read it after its run
+        if cfg.check_observation:
+            info["observation"] = _merged_observation(ref_observed, cand_observed)
+        sink.result.candidate = {**side.trace.metadata, "path_info": cand_path_info}
+        comparison = sink.finish()
+        _mark(info, "finished_s")
+        del sink  # what held the two processes' records goes before they may free their memory
+    info["reference_process"], info["candidate_process"] = process, cand_process
+    _judging_info(info, pool)
+    return _finished(comparison, info, ref_tokens, cand_tokens)
+
+
+def _judge_beside(cfg: RunConfig, stack: ExitStack, ref_model: Any, pool: JudgePool | None) -> Any:
+    """The judge of an onset whose reference runs in a process of its own (None without the oracle): built here on
+    ``ref_model``, the reference's path applied to it until ``stack`` closes (its modules define the semantics to
+    judge by, as in ``_run_sequential``); ``pool``'s judging processes are started on a twin of it first."""
+    if pool is not None:
+        pool.start(ref_model)
+    if not cfg.oracle:
+        return None
+    stack.enter_context(apply_path(ref_model, cfg.reference))
+    return _oracle(cfg, ref_model, pool)
 
 
 def _run_info(cfg: RunConfig, started: float) -> dict[str, Any]:
@@ -338,6 +397,11 @@ def _both_observed(cfg: RunConfig, ref_observed: dict[str, Any], model: Any, pro
     say("re-running the candidate untraced (observation check)")
     cand_observed = check_observation(model, prompts, cfg.new_tokens, ref_tokens, final, mode=cfg.candidate_mode,
                                       cache_len=cfg.cache_len)
+    return _merged_observation(ref_observed, cand_observed)
+
+
+def _merged_observation(ref_observed: dict[str, Any], cand_observed: dict[str, Any]) -> dict[str, Any]:
+    """Both sides' observation checks as one (the candidate's under ``candidate``)."""
     return {**ref_observed, "candidate": cand_observed,
             "bitwise_equal": ref_observed["bitwise_equal"] and cand_observed["bitwise_equal"],
             "differing_steps": sorted(set(ref_observed["differing_steps"]) | set(cand_observed["differing_steps"])),

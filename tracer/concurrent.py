@@ -31,11 +31,13 @@ as they come (``forced_token``). The queue holds a few messages (``ulptrace.spaw
 at most that far ahead and its records in flight stay bounded. An error in that process is raised here with its
 traceback; a process that dies without a word is reported with its exit code.
 
-A kept process serves one role (``ROLES``): the onset's reference, or a run beside it of the same model (``role=
-"candidate"``, another path applied there as a reference's would be) — two runs at once, each process kept for the
-next run of its role; ``RemoteTrace.arriving`` hands on such a run's records in the order they were made. That is
-``bench/bench_split.py``'s experiment: both sides elsewhere, only the comparison here (issue 11's P1, whose wall is
-the candidate recorded and compared in this process).
+A kept process serves one role (``ROLES``): the onset's reference, or its candidate (``role="candidate"``: the
+candidate's path and mode) — two runs of one model at once, each process kept for the next run of its role. The
+onset's ``concurrent="split"`` runs both sides so and only compares here (issue 11's P1: this process's candidate,
+recorded and compared here, is the concurrent onset's wall on a GPU host): the candidate's process is fed the
+reference's token of each step, forwarded from here once that process has shipped the step before it
+(``ReferenceProcess.start(feed=)``; it waits for it there, and stops with an error if the parent sends anything
+else), and ``RemoteTrace.arriving`` hands on its records in the order they were made.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -187,8 +189,10 @@ def serve(commands: Any, out: Any, acks: Any) -> None:
             prepare_imports(command[1])
             imported_at = time.perf_counter()
             continue
+        if command[0] == "token":  # a feed for a run that has ended (it failed before taking it): nothing to do
+            continue
         runs += 1
-        _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at))
+        _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at), commands)
     models.clear()  # the parent's twin, its memory shared: released before this process ends
     end_helper(out)
 
@@ -196,14 +200,36 @@ def serve(commands: Any, out: Any, acks: Any) -> None:
 _SENT_ERRORS: list[BaseException] = []  # the reference process's: what its queue to the parent could not send
 
 
-def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, setup: Setup, out: Any, acks: Any,
-                   models: dict[tuple, Any], runs: int, started: tuple[float, float]) -> None:
-    """Record ``cfg``'s reference generation and ship each step; then the tokens, the path's report, the observation
-    check and about this process (its id, how many runs it has served, its peak GPU memory, when its model was ready,
-    when the parts of its start-up ended, the torch settings it ran under). The model is ``shipped`` (the parent's
-    twin of its candidate, its memory shared) or, where none came, built here; the parent's ``setup`` (its torch
-    settings, its registration of the reference path) is taken first. Any error is shipped as its traceback (the
-    parent then stops this process: its state is not trusted again)."""
+class _Fed:
+    """A candidate run's feed in its process: the reference's token of each step, as the parent forwards them
+    (``("token", step, tensor)`` on this process's commands queue), each kept until the run ends — a received CUDA
+    tensor's memory ends with a wait for this process's stream — for the observation check's re-run too."""
+
+    def __init__(self, commands: Any) -> None:
+        self.commands = commands
+        self.tokens: dict[int, torch.Tensor] = {}
+
+    def __call__(self, step: int) -> torch.Tensor:
+        while step not in self.tokens:
+            item = child_get(self.commands, _SENT_ERRORS)
+            if item is None or item[0] != "token":
+                raise RuntimeError(f"the reference's token at step {step} was due, but the parent sent "
+                                   f"{'a stop' if item is None else repr(item[0])}")
+            self.tokens[item[1]] = item[2]
+        return self.tokens[step]
+
+
+def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, setup: Setup, role: str, fed: bool,
+                   out: Any, acks: Any, models: dict[tuple, Any], runs: int, started: tuple[float, float],
+                   commands: Any) -> None:
+    """Record ``cfg``'s generation of side ``role`` (``ROLES``: its path and mode) and ship each step; then the
+    tokens, the path's report, the observation check and about this process (its id, how many runs it has served,
+    its peak GPU memory, when its model was ready, when the parts of its start-up ended, the torch settings it ran
+    under). ``fed``: the run is fed the reference's tokens, which the parent forwards as they come (:class:`_Fed`),
+    else it takes its own. The model is ``shipped`` (the parent's twin of its candidate, its memory shared) or, where
+    none came, built here; the parent's ``setup`` (its torch settings, its registration of the role's path) is taken
+    first. Any error is shipped as its traceback (the parent then stops this process: its state is not trusted
+    again)."""
     try:
         from ulptrace.models import build_model
         from ulptrace.paths import apply_path
@@ -238,14 +264,17 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
                 final[step] = logits.clone()
             sink.ship(step, logits.argmax(-1, keepdim=True))
 
-        with apply_path(model, cfg.reference) as applied:
+        forced = _Fed(commands) if fed else None
+        with apply_path(model, role_path(cfg, role)) as applied:
             began = time.perf_counter()
-            tokens, _ = record_generation(model, cfg, "reference", prompts, applied.info, sink=sink,
+            tokens, _ = record_generation(model, cfg, role, prompts, applied.info, sink=sink, forced=forced,
                                           on_logits=on_logits)
             ran = time.perf_counter() - began
             path_info = applied.info  # read after the run: a path may report what ran
-            observation = check_observation(model, prompts, cfg.new_tokens, tokens, final, mode=cfg.reference_mode,
-                                            cache_len=cfg.cache_len) if cfg.check_observation else None
+            mode = cfg.candidate_mode if role == "candidate" else cfg.reference_mode
+            observation = check_observation(model, prompts, cfg.new_tokens, tokens if forced is None else forced,
+                                            final, mode=mode, cache_len=cfg.cache_len) if cfg.check_observation \
+                else None
         peak = torch.cuda.max_memory_allocated() if torch.device(cfg.device).type == "cuda" else None
         child_put(out, ("done", tokens.cpu().share_memory_(), path_info, observation,
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
@@ -285,6 +314,11 @@ _IDLE: dict[tuple, _Worker] = {}
 ROLES = ("reference", "candidate")  # what a kept process serves: an onset's reference, or a side run beside it
 
 
+def role_path(cfg: Any, role: str) -> str:
+    """The path a run of side ``role`` applies (``cfg.reference`` or ``cfg.candidate``)."""
+    return cfg.candidate if role == "candidate" else cfg.reference
+
+
 def _take_worker(cfg: Any, role: str = "reference") -> _Worker:
     """The idle process of ``role`` holding ``cfg``'s model if there is one (its model built, its CUDA context and
     kernels warm), else — for the reference — the one the command line started for this run
@@ -312,14 +346,17 @@ atexit.register(shutdown)
 
 
 class RemoteTrace:
-    """The reference's records as they arrive from its process: what ``StreamingComparator`` reads of a reference
-    (``metadata``, ``pop``, ``get``, ``keys``), each waiting for the step it needs. ``streaming``: its keys are known
-    only once the reference has finished (``keys`` waits for that)."""
+    """A run's records as they arrive from its process (the reference's, or a split onset's candidate's, ``role``):
+    what ``StreamingComparator`` reads of a reference (``metadata``, ``pop``, ``get``, ``keys``), each waiting for the
+    step it needs, or each as it came (``arriving``). ``streaming``: its keys are known only once the run has finished
+    (``keys`` waits for that). ``on_step(step)``, when set, is called once each step has arrived whole."""
 
     streaming = True
 
-    def __init__(self, owner: ReferenceProcess) -> None:
+    def __init__(self, owner: ReferenceProcess, role: str = "reference") -> None:
         self._owner = owner
+        self.role = role  # whose run it is (ROLES): what its errors are called
+        self.on_step: Callable[[int], None] | None = None  # called with each step that has arrived whole
         self._records: dict[tuple[str, int], Record] = {}
         self._order: list[tuple[str, int]] = []
         self._metadata: dict[str, Any] | None = None
@@ -378,7 +415,7 @@ class RemoteTrace:
             self.done[-1]["start_up"]["spawned_at"] = self._owner.spawned_at
             self.done[-1]["start_up"]["sent_at"] = self._owner.sent_at
         else:
-            self.failure = remote_error(*item[1:], "the reference run")
+            self.failure = remote_error(*item[1:], f"the {self.role} run")
             raise self.failure
 
     def _unpack(self, step: int, token: tuple | None, arenas: list[torch.Tensor], metas: list,
@@ -393,6 +430,8 @@ class RemoteTrace:
             self._order.append(record.key)
         if token is not None:  # the step's last part: the token kept as a copy (a view would keep its arena here)
             self.tokens[step] = views.tensor(token).clone()
+            if self.on_step is not None:
+                self.on_step(step)
         if live is not None:
             self._unread.add(tuple(live))
 
@@ -547,23 +586,31 @@ class ReferenceProcess:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, but got {role!r}")
         self.cfg = cfg
         self.role = role  # which kept process serves it (ROLES): two runs of one model can go on at once, one each
-        self.trace = RemoteTrace(self)
+        self.trace = RemoteTrace(self, role)
         self._worker: _Worker | None = None
         self._started = False
         self._setup: Setup | None = None  # what the process takes of this one with the run
+        self._feed: Callable[[int], torch.Tensor] | None = None  # the tokens a fed run is sent (start)
         self.sent_at: float | None = None  # when this process sent the run (its model built), time.perf_counter()
 
     def __enter__(self) -> Self:
-        self._setup = Setup.of(self.cfg)  # a reference path it could not import: refused before any process starts
+        self._setup = Setup.of(self.cfg, self.path)  # a path it could not import: refused before any process starts
         self._worker = _take_worker(self.cfg, self.role)
         if self._worker.model_key != model_key(self.cfg):  # a new process: its imports now, while this side builds
             self._worker.started.prepare(self.cfg.model, self.cfg.device)
         return self
 
-    def start(self, model: Any = None) -> None:
+    @property
+    def path(self) -> str:
+        """The path this run applies (its role's: ``role_path``)."""
+        return role_path(self.cfg, self.role)
+
+    def start(self, model: Any = None, feed: Callable[[int], torch.Tensor] | None = None) -> None:
         """Send the run. A process without ``cfg``'s model is sent a twin of ``model`` (this side's freshly built
         model, before its path is applied: same model, dtype, device and seed), its memory shared through CUDA IPC
-        or shared memory — or, with ``model`` None, builds its own (drawing the weights again)."""
+        or shared memory — or, with ``model`` None, builds its own (drawing the weights again). ``feed`` (step ->
+        token): the run is fed those tokens — the reference's (its ``RemoteTrace.forced_token``), each forwarded when
+        this run has shipped the step before it (:meth:`step_ended`) — else it takes its own."""
         worker = self._worker
         if worker is None:
             raise RuntimeError("the reference run is not open (ReferenceProcess is a context manager)")
@@ -575,7 +622,16 @@ class ReferenceProcess:
         self._started = True
         self.sent_at = time.perf_counter()
         # PART_BYTES and LIVE_BYTES read here: a test may set small ones
-        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, self._setup))
+        self._feed = feed
+        self.trace.on_step = None if feed is None else self.step_ended
+        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, self._setup, self.role,
+                             feed is not None))
+
+    def step_ended(self, step: int) -> None:
+        """This run has shipped step ``step`` whole: a fed run is sent the token that feeds its next step (none after
+        its last). The run waits for it there, so it is sent now, not when the step's records are compared."""
+        if self._feed is not None and step < self.cfg.new_tokens - 1 and self._worker is not None:
+            self._worker.commands.put(("token", step, self._feed(step)))
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         worker = self._worker
@@ -593,7 +649,7 @@ class ReferenceProcess:
                 self.trace._let_go(wait=True)
             self._worker = None
             if exc_type is None and self.trace.done is not None and self.trace.failure is None \
-                    and worker.process.is_alive() and not is_user_path(self.cfg.reference):
+                    and worker.process.is_alive() and not is_user_path(self.path):
                 previous = _IDLE.pop((self.role, model_key(self.cfg)), None)
                 if previous is not None:  # (another run of this role beside it: one kept)
                     previous.stop(idle=True)
@@ -630,4 +686,4 @@ class ReferenceProcess:
             raise RuntimeError("the reference run was not started (ReferenceProcess.start)")
         process = worker.process
         return parent_get(worker.messages, worker.unsent, lambda: None if process.is_alive() else (
-            f"the reference process ended without finishing its run (exit code {process.exitcode}); {GUARD}"))
+            f"the {self.role} process ended without finishing its run (exit code {process.exitcode}); {GUARD}"))

@@ -275,18 +275,19 @@ def apply_torch_settings(settings: dict[str, Any], *, keep: Iterable[str] = ()) 
 @dataclass(frozen=True)
 class Setup:
     """What a helper takes of this process before each run, to run what this process would: the torch settings that
-    decide what a model computes (``torch_settings``) and the reference path's registration here, which a new
+    decide what a model computes (``torch_settings``) and the registration here of the path it applies, which a new
     process does not have (``paths.registration_to_send``)."""
 
     settings: dict[str, Any]
     registration: Any
 
     @classmethod
-    def of(cls, cfg: Any) -> Setup:
-        """This process's, for a run of ``cfg``; raises for a registered reference path a helper cannot import."""
+    def of(cls, cfg: Any, path: str | None = None) -> Setup:
+        """This process's, for a run of ``cfg`` applying ``path`` (default: its reference); raises for a registered
+        path a helper cannot import."""
         from ulptrace.paths import registration_to_send
 
-        return cls(torch_settings(), registration_to_send(cfg.reference))
+        return cls(torch_settings(), registration_to_send(cfg.reference if path is None else path))
 
     def take(self, *, keep: Iterable[str] = ()) -> None:
         """In the helper: the settings (less those it ``keep``s) and the registration made here."""

@@ -69,7 +69,8 @@ class RunConfig:
     reference_memory: str = "auto"  # where onset keeps the reference's records: device, host or auto
     # run_onset only: True, the reference runs in a process of its own while the candidate runs; "auto" (the CLI's
     # default), it does so only once its records, kept in this process (reference_memory auto), have outgrown their
-    # share of the GPU's memory (the onset then starts again that way); False, never
+    # share of the GPU's memory (the onset then starts again that way); False, never; "split", both sides run in
+    # processes of their own and this one only compares (issue 11: bench_trace.py --concurrent split measures it)
     concurrent: bool | str = False
     judge_workers: int = 0  # run_onset only: the oracle judges in this many processes of its own (0: in this one)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -105,9 +106,9 @@ class RunConfig:
                              f"{self.judge_workers}" + ("" if self.oracle else " with the oracle off (--no-oracle)"))
         if self.reference_memory not in ("auto", "device", "host"):
             raise ValueError(f"--reference-memory must be one of auto, device, host, but got {self.reference_memory!r}")
-        if self.concurrent not in (True, False, "auto"):
-            raise ValueError(f"concurrent must be True, False or 'auto', but got {self.concurrent!r}")
-        if self.concurrent is True and self.reference_memory != "auto":
+        if self.concurrent not in (True, False, "auto", "split"):
+            raise ValueError(f"concurrent must be True, False, 'auto' or 'split', but got {self.concurrent!r}")
+        if self.concurrent in (True, "split") and self.reference_memory != "auto":
             raise ValueError(f"--reference-memory {self.reference_memory} says where this process keeps the reference's "
                              "records, but --concurrent records them in a process of its own (they arrive in parts "
                              "and go once compared): drop one of them")

@@ -111,6 +111,19 @@ def raises_when_applied(model):
     raise RuntimeError("planted failure while applying the path")
 
 
+def raises_at_the_first_decode_step(model):
+    """A path that fails inside its run, at its second forward (the first decode step): the other side of an onset
+    has run its prefill, or waits for this one's, by then."""
+    calls = []
+
+    def hook(module, args, output):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("planted failure at the first decode step")
+
+    return model.register_forward_hook(hook).remove
+
+
 def fails_in_a_helper_process(model):
     """HF itself (nothing changed) in the process that runs the onset, a failure in any process it started: what a path
     that cannot run there does (e.g. one that needs what only the parent set up)."""

@@ -10,7 +10,7 @@ from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig
 
 # when and in which process, not what was found
-VOLATILE = ("versions", "path_info", "reference_process", "judging_processes", "timeline",
+VOLATILE = ("versions", "path_info", "reference_process", "candidate_process", "judging_processes", "timeline",
             "concurrent_from_start")
 
 

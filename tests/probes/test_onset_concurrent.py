@@ -930,10 +930,10 @@ def test_the_commands_default_on_a_large_model_on_cuda_runs_the_reference_beside
 
 
 def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_they_came() -> None:
-    """Two runs of one model at once, each in a kept process of its own role (the candidate's path applied in the
-    ``candidate`` one as a reference's would be): ``arriving`` hands on every record of that run in the order it was
-    made, the same records (bitwise) as the run recorded in this process; both processes are kept apart and serve
-    the next runs of their roles; an unknown role is refused."""
+    """Two runs of one model at once, each in a kept process of its own role (the candidate's path and mode applied
+    in the ``candidate`` one): ``arriving`` hands on every record of that run in the order it was made, the same
+    records (bitwise) as the run recorded in this process; both processes are kept apart and serve the next runs of
+    their roles; an unknown role is refused."""
     from ulptrace.concurrent import _IDLE
     from ulptrace.paths import apply_path
     from ulptrace.record import MemorySink
@@ -941,7 +941,6 @@ def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_t
     from ulptrace.ulp import bits
 
     cfg = RunConfig(**SMALL, model="tiny-llama", candidate="kernels:fused", oracle=False, concurrent=True)
-    side = replace(cfg, reference=cfg.candidate)
     _, model, prompts = build_pair(cfg, reference=False)
     here, local = MemorySink(), build_pair(cfg, reference=False)[1]
     with apply_path(local, cfg.candidate) as applied:
@@ -949,9 +948,9 @@ def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_t
     expected = [(r.key, r.out, r.inputs) for r in here.trace]
     pids = []
     for _ in range(2):
-        with ReferenceProcess(cfg) as reference, ReferenceProcess(side, role="candidate") as candidate:
+        with ReferenceProcess(cfg) as reference, ReferenceProcess(cfg, role="candidate") as candidate:
             reference.start(model)
-            candidate.start(model)
+            candidate.start(model)  # not fed: its own greedy tokens
             got = [(r.key, r.out, r.inputs) for r in candidate.trace.arriving()]
             assert next(reference.trace.arriving()).key == got[0][0]  # the reference's run went on beside it
             tokens = candidate.trace.finish()[0]

@@ -137,10 +137,10 @@ def test_concurrent_auto_switches_once_the_forecast_passes_the_room(monkeypatch,
     assert sum("would outgrow their share of cpu's memory" in line and "forecast from" in line for line in said) == 1
 
 
-def test_concurrent_takes_true_false_or_auto() -> None:
+def test_concurrent_takes_true_false_auto_or_split() -> None:
     RunConfig(concurrent="auto").validate()
     RunConfig(concurrent="auto", reference_memory="host").validate()  # auto never switches then: no conflict
-    with pytest.raises(ValueError, match="concurrent must be True, False or 'auto', but got 'yes'"):
+    with pytest.raises(ValueError, match="concurrent must be True, False, 'auto' or 'split', but got 'yes'"):
         RunConfig(concurrent="yes").validate()
 
 
