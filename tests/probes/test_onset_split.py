@@ -24,12 +24,15 @@ SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
 @pytest.mark.parametrize("fields", [
     {"model": "tiny-qwen3.5", "candidate": "kernels:fused", "oracle": False},
     {"model": "tiny-llama", "candidate": "kernels:fused", "check_observation": True},
-])
+    {"model": "tiny-llama", "candidate": "fault:layers.1.mlp.glu@1+2", "judge_workers": 1},
+], ids=["no-oracle", "oracle-observed", "judged-elsewhere"])
 def test_a_split_onset_reports_what_the_sequential_one_does(fields) -> None:
     sequential = _report(RunConfig(**SMALL, **fields))
     split = _within(180, lambda: _report(RunConfig(**SMALL, concurrent="split", **fields)))
     assert _essentials(split) == _essentials(sequential)
     assert split["sites"], "records were compared"
+    if fields.get("judge_workers"):  # a planted error, judged in a process of its own
+        assert split["onset"] and split["run"]["judging_processes"]["pairs_judged_there"] > 0
     run = split["run"]
     assert run["candidate_process"]["pid"] != run["reference_process"]["pid"]
     # the candidate was fed the reference's tokens: its run waited for none it was not sent
