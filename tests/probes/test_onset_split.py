@@ -52,6 +52,30 @@ def test_a_split_onset_on_the_gpu_reports_what_the_sequential_one_does(fields, c
     assert split["sites"] and split["run"]["candidate_process"]["peak_gpu_bytes"] > 0
 
 
+@pytest.mark.parametrize("shipping", ["in parts", "live"])
+def test_a_split_onset_shipping_in_parts_or_live_values_reports_the_same(monkeypatch, shipping) -> None:
+    """Both sides ship the way the reference does under ``--concurrent``: a step in parts of one byte (every record
+    alone; the candidate fed once its step's last part came), or every value of 256 bytes or more handed over live
+    (each side waits until this process has read it, and says so to whichever side waits): the sequential onset's
+    report, and no wait between the three processes deadlocks."""
+    from ulptrace import concurrent
+
+    said: dict[str, int] = {}
+    if shipping == "in parts":
+        monkeypatch.setattr(concurrent, "PART_BYTES", 1)
+    else:
+        monkeypatch.setattr(concurrent, "LIVE_BYTES", 256)
+        ack = ReferenceProcess.ack
+        monkeypatch.setattr(ReferenceProcess, "ack",
+                            lambda self: (said.__setitem__(self.role, said.get(self.role, 0) + 1), ack(self)))
+    fields = {"model": "tiny-llama", "candidate": "fault:layers.1.mlp.glu@1+2"}
+    sequential = _report(RunConfig(**SMALL, **fields))
+    split = _within(180, lambda: _report(RunConfig(**SMALL, concurrent="split", **fields)))
+    assert _essentials(split) == _essentials(sequential) and split["onset"] is not None
+    if shipping == "live":
+        assert said.get("reference", 0) > 10 and said.get("candidate", 0) > 10  # each side's values waited on
+
+
 def test_each_sides_process_is_kept_for_the_next_split_run_of_its_role() -> None:
     cfg = RunConfig(**SMALL, model="tiny-llama", candidate="kernels:fused", oracle=False, concurrent="split")
     first, again = (_within(180, lambda: _report(cfg))["run"] for _ in range(2))
