@@ -71,8 +71,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
         if reference_dir is not None:
             raise ValueError("concurrent='split' records both sides in processes of their own and keeps no reference "
                              f"trace, but a reference directory was given ({str(reference_dir)!r}): drop one of them")
-        drop_reference()  # (a process the command line started is taken by _run_split's reference, if it matches)
-        return _run_split(cfg, say, bar, started)
+        return _run_split(cfg, say, bar, started)  # (its reference takes a process the command line started)
     if cfg.concurrent is True:
         if reference_dir is not None:
             raise ValueError("--concurrent streams the reference's records from its own process and keeps no "
