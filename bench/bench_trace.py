@@ -216,6 +216,8 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         start = process["start_up"]  # the reference process's start-up, from when it was started (first run)
         concurrent = {"waited_for_reference_s": max(0.0, process["built_at"] - built_at[-1]),
                       "reference_peak_bytes": process["peak_gpu_bytes"] or 0,
+                      # a split onset's candidate process (concurrent="split"): its peak counts too
+                      "candidate_peak_bytes": (info.get("candidate_process") or {}).get("peak_gpu_bytes") or 0,
                       "reference_start_up_s": {k.removesuffix("_at"): v - start["spawned_at"] for k, v in start.items()
                                                if k.endswith("_at") and k != "spawned_at"},
                       "reference_model_shipped": start.get("model_shipped"),
@@ -237,7 +239,7 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
         Path(profile).write_text(f"run_onset {seconds:.2f} s less builds {build:.2f} s\n" + text.getvalue())
     peak = torch.cuda.max_memory_allocated() if cfg.device.startswith("cuda") else 0
-    peak += concurrent.get("reference_peak_bytes", 0)
+    peak += concurrent.get("reference_peak_bytes", 0) + concurrent.get("candidate_peak_bytes", 0)
     if before_switch:  # the stopped sequential run's peak came before the reference process's
         peak = max(peak, before_switch[0])
     if reports is not None:
@@ -264,6 +266,8 @@ def where_kept(concurrent: str | None, process: dict) -> str:
         return "kept in this process" + (" (the command's default: no switch)" if concurrent == "auto" else "")
     switched = process.get("switched_to_concurrent")
     if switched is None:
+        if process.get("candidate_peak_bytes"):
+            return "in its own process, the candidate in another (the three processes' peaks summed)"
         return "in its own process" + (" (the command's default: from the start)" if process.get(
             "concurrent_from_start") else "") + " (both peaks summed)"
     before = process["peak_before_switch_bytes"] or 0
@@ -540,6 +544,7 @@ def main() -> None:
             both = untraced_side_by_side_peak(cfg)
             out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both,
                              reference_process_peak_bytes=process["reference_peak_bytes"],  # the rest: this process's
+                             candidate_process_peak_bytes=process["candidate_peak_bytes"],  # (split; else 0)
                              switched_to_concurrent=process["switched_to_concurrent"],
                              peak_before_switch_bytes=process["peak_before_switch_bytes"])
             side = f"; untraced side by side {both / 2**30:.2f} GiB: {peak / both:.2f}x"
