@@ -310,9 +310,12 @@ def _run_split(cfg: RunConfig, say: Callable[[str], None], bar: Progress, starte
         sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True,
                                    judging=bar.counter(JUDGING, "stack"))
         bar.start(f"candidate {cfg.candidate}, compared here as both run", cfg.new_tokens, sites)
+        done = 0  # steps the candidate has finished: those before the step of the latest record
         for record in side.trace.arriving():
             sink.add(record)
-            bar.step(record.step)
+            if record.step > done:
+                done = record.step
+                bar.step(done)
         bar.step(cfg.new_tokens)
         bar.close()
         _mark(info, "candidate_s")

@@ -265,13 +265,13 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
             sink.ship(step, logits.argmax(-1, keepdim=True))
 
         forced = _Fed(commands) if fed else None
-        with apply_path(model, role_path(cfg, role)) as applied:
+        path, mode = cfg.path_and_mode(role)
+        with apply_path(model, path) as applied:
             began = time.perf_counter()
             tokens, _ = record_generation(model, cfg, role, prompts, applied.info, sink=sink, forced=forced,
                                           on_logits=on_logits)
             ran = time.perf_counter() - began
             path_info = applied.info  # read after the run: a path may report what ran
-            mode = cfg.candidate_mode if role == "candidate" else cfg.reference_mode
             observation = check_observation(model, prompts, cfg.new_tokens, tokens if forced is None else forced,
                                             final, mode=mode, cache_len=cfg.cache_len) if cfg.check_observation \
                 else None
@@ -312,11 +312,6 @@ class _Worker:
 # a process kept after a clean run, by its role and its model's key (one model's at most, a process per role)
 _IDLE: dict[tuple, _Worker] = {}
 ROLES = ("reference", "candidate")  # what a kept process serves: an onset's reference, or a side run beside it
-
-
-def role_path(cfg: Any, role: str) -> str:
-    """The path a run of side ``role`` applies (``cfg.reference`` or ``cfg.candidate``)."""
-    return cfg.candidate if role == "candidate" else cfg.reference
 
 
 def _take_worker(cfg: Any, role: str = "reference") -> _Worker:
@@ -602,8 +597,8 @@ class ReferenceProcess:
 
     @property
     def path(self) -> str:
-        """The path this run applies (its role's: ``role_path``)."""
-        return role_path(self.cfg, self.role)
+        """The path this run applies (its role's: ``RunConfig.path_and_mode``)."""
+        return self.cfg.path_and_mode(self.role)[0]
 
     def start(self, model: Any = None, feed: Callable[[int], torch.Tensor] | None = None) -> None:
         """Send the run. A process without ``cfg``'s model is sent a twin of ``model`` (this side's freshly built

@@ -83,6 +83,10 @@ class RunConfig:
             raise ValueError(f"{caller}; {' and '.join(given)} is run_onset's (helper processes beside an onset): "
                              "use run_onset, or leave it at its default")
 
+    def path_and_mode(self, side: str) -> tuple[str, str]:
+        """The path and the mode ``side`` (``"reference"`` or ``"candidate"``) runs with."""
+        return (self.reference, self.reference_mode) if side == "reference" else (self.candidate, self.candidate_mode)
+
     def validate(self) -> None:
         """Check what can be checked before any model is built; raises ``ValueError`` naming the field."""
         for name in ("reference_mode", "candidate_mode"):
@@ -772,7 +776,7 @@ def record_generation(model: Any, cfg: RunConfig, side: str, prompts: torch.Tens
     from ulptrace.record import Recorder
     from ulptrace.sites import parse_range
 
-    path, mode = (cfg.reference, cfg.reference_mode) if side == "reference" else (cfg.candidate, cfg.candidate_mode)
+    path, mode = cfg.path_and_mode(side)
     metadata = {**run_metadata(cfg, prompts, mode), "selection": selection_metadata(cfg), "path_info": path_info}
     with Recorder(model, sites=selected_sites(model, cfg) if sites is None else sites, steps=parse_range(cfg.steps),
                   sink=sink, path=path, metadata=metadata) as recorder:
