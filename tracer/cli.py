@@ -86,6 +86,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def split_only(text: str) -> str:
+    """``--concurrent``'s one value: ``split`` (the candidate in a process of its own too)."""
+    if text != "split":
+        raise argparse.ArgumentTypeError(f"expected no value or 'split', but got {text!r}")
+    return text
+
+
 def plot_file(path: str) -> str:
     """``--plot FILE``, checked while the arguments are parsed (before any model is built)."""
     from ulptrace.plot import check_plot_file
@@ -382,15 +389,17 @@ def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differenc
 
 
 def start_onset_reference(args: argparse.Namespace) -> None:
-    """At the command's first line, before torch is imported here: start the reference process of an onset that
-    runs its reference in a process of its own (``--concurrent``; by default, from the start for a large model on
-    CUDA: ``ulptrace.spawning.beside_from_start``), so that its imports overlap this process's instead of following
-    them (``ulptrace.spawning``)."""
-    from ulptrace.spawning import beside_from_start, start_reference
+    """At the command's first line, before torch is imported here: start the side processes of an onset that runs
+    its reference in a process of its own (``--concurrent``; by default, from the start for a large model on CUDA:
+    ``ulptrace.spawning.beside_from_start``) — and its candidate's too under ``--concurrent split`` — so that their
+    imports overlap this process's instead of following them (``ulptrace.spawning``)."""
+    from ulptrace.spawning import ROLES, beside_from_start, start_reference
 
     if args.tp is not None or args.reference_memory != "auto":  # refused, or kept here (cmd_onset, RunConfig)
         return
-    if args.concurrent is True or (args.concurrent is None and beside_from_start(
+    if args.concurrent == "split":
+        start_reference(args.model, args.device, HF_VERBOSITY, ROLES)
+    elif args.concurrent is True or (args.concurrent is None and beside_from_start(
             args.model, args.device, args.dtype, "auto", args.reference_memory) is not None):
         start_reference(args.model, args.device, HF_VERBOSITY)
 
@@ -726,14 +735,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "(CPU memory, copied asynchronously), auto (on the GPU while the memory allocated there stays "
                         "within half of it, host memory after — unless the onset switches to --concurrent there, "
                         "as it does by default; CPU runs: in place)")
-    p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--concurrent", nargs="?", const=True, default=None, type=split_only, metavar="split",
                    help="record the reference in a process of its own while the candidate runs (its records streamed "
                         "as they are made, the candidate fed its tokens as they come): the same report, the two sides "
-                        "at once; no gain on a CPU. Default: from the start for a model of 512 MiB of weights or more "
-                        "on CUDA (the process starts at the command's first line, while this one builds the model), "
-                        "else only once the reference's records, kept in this process, are forecast to outgrow their "
-                        "share of the GPU's memory (a long prompt's, from its first layer: the onset then starts "
-                        "again this way); --no-concurrent: never (README)")
+                        "at once; no gain on a CPU. --concurrent split: the candidate too is recorded in a process of "
+                        "its own and this one only compares (three processes). Default: from the start for a model of "
+                        "512 MiB of weights or more on CUDA (the process starts at the command's first line, while "
+                        "this one builds the model), else only once the reference's records, kept in this process, "
+                        "are forecast to outgrow their share of the GPU's memory (a long prompt's, from its first "
+                        "layer: the onset then starts again this way) (README)")
+    p.add_argument("--no-concurrent", dest="concurrent", action="store_const", const=False,
+                   help="never run the reference in a process of its own")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",
                    help="judge the differing records in N processes of their own while the run goes on (the oracle "
                         "is bound by one host core's op dispatch; the same verdicts). Default 0: in this process. "

@@ -79,9 +79,9 @@ from ulptrace.processes import (
 from ulptrace.reading import UntilRead
 from ulptrace.spawning import (
     FROM_START_BYTES,
+    ROLES,
     ReferenceStart,
     beside_from_start,
-    drop_reference,
     take_reference,
 )
 from ulptrace.trace import Record
@@ -291,8 +291,7 @@ class _Worker:
     """A reference process and its queues (``ulptrace.spawning.ReferenceStart``: the one the command line started
     for this run, else a new one), and what this side knows of it: the model it holds and the twin it shares."""
 
-    def __init__(self, started: ReferenceStart | None = None) -> None:
-        started = started if started is not None else ReferenceStart()
+    def __init__(self, started: ReferenceStart) -> None:
         self.started = started
         self.spawned_at = started.spawned_at
         self.process, self.commands, self.messages, self.acks = (started.process, started.commands, started.messages,
@@ -311,23 +310,23 @@ class _Worker:
 
 # a process kept after a clean run, by its role and its model's key (one model's at most, a process per role)
 _IDLE: dict[tuple, _Worker] = {}
-ROLES = ("reference", "candidate")  # what a kept process serves: an onset's reference, or a side run beside it
 
 
 def _take_worker(cfg: Any, role: str = "reference") -> _Worker:
     """The idle process of ``role`` holding ``cfg``'s model if there is one (its model built, its CUDA context and
-    kernels warm), else — for the reference — the one the command line started for this run
+    kernels warm), else the one the command line started for this run and role
     (``ulptrace.spawning.start_reference``), else a new one; idle processes of another model are stopped (one model's
     memory kept at most)."""
     key = model_key(cfg)
     worker = _IDLE.pop((role, key), None)
+    started = take_reference(cfg.model, cfg.device, role)
     if worker is not None and worker.process.is_alive():
-        if role == "reference":
-            drop_reference()  # one the command line started is not needed
+        if started is not None:  # one the command line started is not needed
+            _Worker(started).stop()
         return worker
     for other in [k for k in _IDLE if k[1] != key]:
         _IDLE.pop(other).stop(idle=True)
-    return _Worker(take_reference(cfg.model, cfg.device) if role == "reference" else None)
+    return _Worker(started if started is not None else ReferenceStart(role=role))
 
 
 def shutdown() -> None:

@@ -21,6 +21,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+ROLES = ("reference", "candidate")  # what a side process serves: an onset's reference, or its candidate beside it
 AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
 # a model whose weights take this much or more has the command's default (concurrent="auto") run its reference in a
 # process of its own from the start on a CUDA device (beside_from_start)
@@ -94,12 +95,14 @@ def _reference_main(commands: Any, out: Any, acks: Any) -> None:
 
 
 class ReferenceStart:
-    """A reference process (``ulptrace.concurrent.serve``) just started, and its queues: configurations in
-    (``commands``), a run's messages out (``messages``, at most ``AHEAD`` waiting), this side's reads of live values
-    it waits on (``acks``); ``spawned_at`` (``time.perf_counter()``) and ``prepared``, the (model, device) it was told
-    to import for (:meth:`prepare`)."""
+    """A side process (``ulptrace.concurrent.serve``; ``role``, of ``ROLES``: the reference's, or a split onset's
+    candidate's) just started, and its queues: configurations in (``commands``), a run's messages out (``messages``,
+    at most ``AHEAD`` waiting), this side's reads of live values it waits on (``acks``); ``spawned_at``
+    (``time.perf_counter()``) and ``prepared``, the (model, device) it was told to import for (:meth:`prepare`)."""
 
-    def __init__(self, verbosity: str | None = None) -> None:
+    def __init__(self, verbosity: str | None = None, role: str = "reference") -> None:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, but got {role!r}")
         context = spawn_context()
         self.spawned_at = time.perf_counter()
         self.prepared: tuple[str, str] | None = None
@@ -107,7 +110,7 @@ class ReferenceStart:
         self.messages = context.Queue(maxsize=AHEAD)
         self.acks = context.Queue()
         self.process = context.Process(target=_reference_main, args=(self.commands, self.messages, self.acks),
-                                       daemon=True, name="ulptrace-reference")
+                                       daemon=True, name=f"ulptrace-{role}")
         start_processes([self.process], verbosity)
 
     def prepare(self, model: str, device: str) -> None:
@@ -118,26 +121,32 @@ class ReferenceStart:
             self.prepared = (model, device)
 
 
-_EARLY: dict[tuple[str, str], ReferenceStart] = {}  # started by start_reference, not taken yet (at most one)
+# started by start_reference, not taken yet: by (role, model, device), one run's at most
+_EARLY: dict[tuple[str, str, str], ReferenceStart] = {}
 
 
-def start_reference(model: str, device: str, verbosity: str | None = None) -> ReferenceStart:
-    """Start, now, the reference process of an onset of ``model`` on ``device`` that this process is about to run,
-    and have it prepare its imports (``verbosity``: the transformers verbosity this process will set). The onset takes
-    it (:func:`take_reference`); one it does not take is stopped by :func:`drop_reference` (and, as a daemon
-    process, at this process's exit)."""
+def start_reference(model: str, device: str, verbosity: str | None = None,
+                    roles: tuple[str, ...] = ("reference",)) -> ReferenceStart:
+    """Start, now, the side processes of an onset of ``model`` on ``device`` that this process is about to run — the
+    reference's, and for a split onset (``RunConfig(concurrent="split")``) the candidate's too (``roles``) — and have
+    each prepare its imports (``verbosity``: the transformers verbosity this process will set). The onset takes each
+    (:func:`take_reference`); one it does not take is stopped by :func:`drop_reference` (and, as a daemon process, at
+    this process's exit). Returns the first role's."""
     drop_reference()
-    start = ReferenceStart(verbosity)
-    start.prepare(model, device)
-    _EARLY[model, device] = start
-    return start
+    for role in roles:
+        start = ReferenceStart(verbosity, role)
+        start.prepare(model, device)
+        _EARLY[role, model, device] = start
+    return _EARLY[roles[0], model, device]
 
 
-def take_reference(model: str, device: str) -> ReferenceStart | None:
-    """The reference process :func:`start_reference` started for ``model`` on ``device``, if it is still alive (it
-    is then this caller's); any other started one is stopped."""
-    start = _EARLY.pop((model, device), None)
-    drop_reference()
+def take_reference(model: str, device: str, role: str = "reference") -> ReferenceStart | None:
+    """The process of ``role`` that :func:`start_reference` started for ``model`` on ``device``, if it is still alive
+    (it is then this caller's); any started for another model or device is stopped (the other role's of this run is
+    left to its taker)."""
+    start = _EARLY.pop((role, model, device), None)
+    for key in [k for k in _EARLY if k[1:] != (model, device)]:
+        _stop(_EARLY.pop(key))
     if start is not None and start.process.is_alive():
         return start
     if start is not None:
@@ -146,8 +155,8 @@ def take_reference(model: str, device: str) -> ReferenceStart | None:
 
 
 def drop_reference() -> None:
-    """Stop the reference process :func:`start_reference` started, if nobody took it (the onset ran in this process
-    alone)."""
+    """Stop the side processes :func:`start_reference` started that nobody took (the onset ran in this process
+    alone, or took only one of them)."""
     while _EARLY:
         _stop(_EARLY.popitem()[1])
 

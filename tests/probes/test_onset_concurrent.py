@@ -196,6 +196,10 @@ def test_concurrent_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
         run_onset(RunConfig(concurrent=True, **SMALL), reference_dir=tmp_path)
     assert main(["onset", "--concurrent", "--tp", "2", "--no-oracle"]) == 2
     assert "--tp 2 runs one process per rank already" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # a value it does not take: named, nothing run
+        main(["onset", "--concurrent", "splt", "--no-oracle"])
+    assert exited.value.code == 2
+    assert "argument --concurrent: expected no value or 'split', but got 'splt'" in capsys.readouterr().err
     from contextlib import ExitStack
 
     from ulptrace.probes.onset import record_pair
@@ -540,7 +544,9 @@ class _Seen(BaseException):  # past the CLI's handling of errors
     pass
 
 
-@pytest.mark.parametrize("flags, expected", [([], "auto"), (["--concurrent"], True), (["--no-concurrent"], False)])
+@pytest.mark.parametrize("flags, expected", [([], "auto"), (["--concurrent"], True), (["--no-concurrent"], False),
+                                             (["--concurrent", "split"], "split"), (["--concurrent=split"], "split"),
+                                             (["--concurrent", "split", "--no-concurrent"], False)])
 def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, expected, monkeypatch) -> None:
     """``ulptrace onset`` runs the reference in a process of its own with ``--concurrent``; by default (``"auto"``)
     from the start for a large model on CUDA (``from_start``, below), else only once the reference is forecast to
@@ -556,7 +562,7 @@ def test_the_command_runs_the_reference_in_its_own_process_when_asked(flags, exp
     monkeypatch.setattr(onset_module, "run_onset", capture)
     with pytest.raises(_Seen):
         main(["onset", "--model", "tiny-llama", *flags])
-    assert seen[0].concurrent is expected
+    assert seen[0].concurrent == expected and type(seen[0].concurrent) is type(expected)
 
 
 def test_where_this_process_keeps_the_reference_is_refused_with_concurrent(capsys) -> None:
@@ -793,6 +799,7 @@ def test_the_default_runs_the_reference_in_its_own_process_from_the_start_only_f
     (["--model", "qwen3.5-0.8b", "--device", "cuda", "--no-concurrent"], False),
     (["--model", "qwen3.5-0.8b", "--device", "cuda", "--reference-memory", "host"], False),
     (["--model", "tiny-qwen3.5", "--device", "cpu", "--concurrent"], True),  # asked for
+    (["--model", "tiny-qwen3.5", "--device", "cpu", "--concurrent", "split"], True),  # both sides' processes
     (["--model", "no-such-model", "--device", "cuda"], False),  # the onset names it
 ])
 def test_the_command_starts_the_reference_process_at_its_first_line_where_the_onset_will_take_it(
@@ -817,6 +824,7 @@ def test_the_command_starts_the_reference_process_at_its_first_line_where_the_on
     assert bool(calls) is started, calls
     if started:
         assert calls[0][:2] == (flags[1], flags[3])
+        assert calls[0][3:] == ((("reference", "candidate"),) if flags[-1] == "split" else ())
 
 
 def test_the_command_starts_the_reference_process_before_it_imports_torch_and_the_onset_takes_it(tmp_path) -> None:

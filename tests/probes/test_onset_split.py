@@ -114,3 +114,71 @@ def test_split_refuses_what_it_cannot_do(tmp_path) -> None:
         RunConfig(concurrent="split", reference_memory="host", **SMALL).validate()
     with pytest.raises(ValueError, match="concurrent must be True, False, 'auto' or 'split', but got 'both'"):
         RunConfig(concurrent="both", **SMALL).validate()
+
+
+def test_the_command_starts_both_sides_processes_before_it_imports_torch_and_the_onset_takes_them(tmp_path) -> None:
+    """``onset --concurrent split`` starts the reference's and the candidate's processes at the command's first line,
+    before this process imports torch (their imports overlap this one's build), and the onset records each side in
+    the very process started for it — two processes started, none left over."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "onset.json"
+    code = f"""
+import json, sys
+from ulptrace import spawning
+from ulptrace.cli import main
+seen = {{"torch_before": None, "pids": {{}}}}
+original_init, original_start = spawning.ReferenceStart.__init__, spawning.start_reference
+def init(self, verbosity=None, role="reference"):
+    original_init(self, verbosity, role)
+    seen["pids"][role] = self.process.pid
+def start(*args):
+    seen["torch_before"] = "torch" in sys.modules
+    return original_start(*args)
+spawning.ReferenceStart.__init__, spawning.start_reference = init, start
+code = main(["onset", "--concurrent", "split", "--no-oracle", "--model", "tiny-llama", "--prompts", "2",
+             "--prompt-len", "8", "--new-tokens", "2", "--quiet", "--json", {str(out)!r}])
+print(json.dumps({{**seen, "code": code, "early": len(spawning._EARLY)}}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 0 and seen["torch_before"] is False and seen["early"] == 0
+    run = json.loads(out.read_text())["run"]
+    assert seen["pids"] == {"reference": run["reference_process"]["pid"],
+                            "candidate": run["candidate_process"]["pid"]}
+
+
+def test_a_process_started_for_one_role_is_taken_by_that_role_only() -> None:
+    """Each side's early process (``ulptrace.spawning.start_reference``) is taken by its own role; taking one leaves
+    the other role's of the same run to its taker, stops any started for another model or device, and what nobody
+    takes is stopped by ``drop_reference``; a role it does not know is refused, naming the roles."""
+    from ulptrace import spawning
+
+    first = spawning.start_reference("tiny-llama", "cpu", None, spawning.ROLES)
+    both = {role: spawning._EARLY[role, "tiny-llama", "cpu"] for role in spawning.ROLES}
+    assert first is both["reference"] and both["candidate"].process.name == "ulptrace-candidate"
+    try:
+        assert spawning.take_reference("tiny-llama", "cpu", "candidate") is both["candidate"]
+        assert both["reference"].process.is_alive() and spawning.take_reference("tiny-llama", "cpu") is both["reference"]
+        assert not spawning._EARLY
+        other = spawning.start_reference("tiny-llama", "cpu", None, spawning.ROLES)
+        assert spawning.take_reference("tiny-qwen3.5", "cpu", "candidate") is None  # another model's: stopped
+        other.process.join(10)
+        assert not other.process.is_alive() and not spawning._EARLY
+        spawning.start_reference("tiny-llama", "cpu", None, spawning.ROLES)
+        left = list(spawning._EARLY.values())
+        spawning.drop_reference()
+        for start in left:
+            start.process.join(10)
+            assert not start.process.is_alive()
+        with pytest.raises(ValueError, match="role must be one of reference, candidate, but got 'judge'"):
+            spawning.ReferenceStart(role="judge")
+    finally:
+        from ulptrace.processes import end_processes
+
+        end_processes([s.process for s in both.values()],
+                      [q for s in both.values() for q in (s.commands, s.messages, s.acks)])
+        spawning.drop_reference()
