@@ -5,7 +5,9 @@
 #   split: P1 with onset's concurrent="split" (both sides in processes of their own, this one comparing only), its
 #          reports under $OUT/reports_split (report_diff.py against p1's: the same records and verdicts);
 #   p1: P1 as the command's default (the reference beside, the candidate recorded and compared here), its reports
-#       under $OUT/reports_p1.
+#       under $OUT/reports_p1;
+#   cli: whole commands (start-up and builds included), P1's workload: `ulptrace onset` as is, then with
+#        `--concurrent split` (both side processes started at its first line), twice, wall seconds to $OUT/cli.log.
 set -uo pipefail
 . "$(dirname "$0")/gpu_setup.sh"
 cd bench
@@ -20,6 +22,14 @@ for stage in ${STAGES:-tests split p1 split p1}; do
         | cut -c1-400 ;;
     p1) timeout 220 python3 bench_trace.py $W --concurrent auto --reports $OUT/reports_p1 \
         --json $OUT/p1_$(date +%H%M%S).json 2>&1 | grep "^P1 onset" | tee -a $OUT/p1.log | cut -c1-400 ;;
+    cli) for mode in default split default split; do
+            extra=$([ $mode = split ] && echo "--concurrent split")
+            TIMEFORMAT="cli $mode %R s"
+            { time timeout 200 python3 -m ulptrace onset --model qwen3.5-0.8b --device cuda --candidate kernels:fused \
+                --no-oracle --prompts 8 --prompt-len 128 --new-tokens 16 --quiet $extra --json $OUT/cli_$mode.json \
+                > /dev/null 2>> $OUT/cli_err.log ; } 2>> $OUT/cli.log
+            tail -1 $OUT/cli.log
+        done ;;
     esac
 done
 python3 report_diff.py $OUT/reports_p1 $OUT/reports_split 2>&1 | tail -2
