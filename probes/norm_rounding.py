@@ -105,6 +105,8 @@ def _common(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def conclusion(data: dict[str, Any]) -> str:
     """One paragraph, from the measured data, that a reviewer can paste into a PR."""
+    from ulptrace.oracle.judge import explained_share
+
     sites = data["sites"]
     ref, cand = data["reference"].get("path", "?"), data["candidate"].get("path", "?")
     head = f"{cand} vs {ref} on {data['reference'].get('model', '?')} ({len(sites)} norm records)"
@@ -150,8 +152,8 @@ def conclusion(data: dict[str, Any]) -> str:
         for (site, boundary_name), group in list(named.items())[:3]:
             out_of_set = sum(g["verdicts"]["boundary"] + g["verdicts"]["error"] for g in group)
             share = sum((g["explained"] or 0) * (g["verdicts"]["boundary"] + g["verdicts"]["error"]) for g in group)
-            pct = 100.0 * share / out_of_set if out_of_set else 0.0
-            parts.append(f"{site}: {boundary_name} explains {pct:.0f}% of {out_of_set:,} out-of-set elements"
+            pct = explained_share(share / out_of_set if out_of_set else 0.0)
+            parts.append(f"{site}: {boundary_name} explains {pct} of {out_of_set:,} out-of-set elements"
                          f" over {len(group)} step(s)")
         if len(named) > 3:
             parts.append(f"{len(named) - 3} more site(s) with a named boundary")

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 from ulptrace.masks import STRUCTURAL_INPUTS, not_hidden, same_meaning_pair
-from ulptrace.oracle.judge import WORSE_THAN_TIE
+from ulptrace.oracle.judge import WORSE_THAN_TIE, explained_share
 from ulptrace.record import LIVE_BYTES
 from ulptrace.sites import ONE_CALL
 from ulptrace.trace import Record, Trace, dtype_name
@@ -534,7 +534,8 @@ class Comparison:
         if unknown:
             raise ValueError(f"allow must name some of {', '.join(known)}, but got {', '.join(map(repr, unknown))}")
         failures: list[Failure] = []
-        for verdict in WORSE_THAN_TIE:
+        # a named boundary last: the errors and nonfinite elements beside one that explains a few come first
+        for verdict in sorted(WORSE_THAN_TIE, key=lambda v: v == "boundary"):
             hit = [d for d in self.sites if (d.verdicts or {}).get(verdict)]
             if hit and verdict not in allowed:
                 failures.append(_verdict_failure(verdict, hit))
@@ -636,7 +637,7 @@ def _verdict_failure(verdict: str, hit: list[SiteDiff]) -> Failure:
     elements = sum(d.verdicts[verdict] for d in hit)
     text = f"{elements} {verdict} element(s) in {len(hit)} record(s); first at {_at(first)}"
     if verdict == "boundary" and first.boundary:
-        share = "" if first.explained is None else f", explains {first.explained:.0%} of its out-of-set elements"
+        share = "" if first.explained is None else f", explains {explained_share(first.explained)} of its out-of-set elements"
         text += f": {first.boundary}{share}"
     elif verdict == "error" and first.max_error_ulp is not None:
         text += f": up to {first.max_error_ulp} ULP outside the admissible set"

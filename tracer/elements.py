@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from ulptrace.oracle import intervals as I
 from ulptrace.oracle.hypotheses import enumerate_hypotheses
-from ulptrace.oracle.judge import EXACT, VERDICTS, Judgement
+from ulptrace.oracle.judge import EXACT, VERDICTS, Judgement, explained_share
 from ulptrace.oracle.judge import judge as judge_program
 from ulptrace.oracle.replay import Mods, output_interval, replay
 from ulptrace.trace import Record, dtype_name
@@ -185,7 +185,7 @@ class Explanation:
                 "inputs bitwise equal: the differences are the site's own" if self.inputs_equal else
                 "inputs differ: judged on the candidate's own inputs (error inherited from upstream)"]
         if self.boundary:
-            head.append(f"boundary: {self.boundary} (explains {100 * self.explained:.1f}% of out-of-set elements)")
+            head.append(f"boundary: {self.boundary} (explains {explained_share(self.explained, 1)} of out-of-set elements)")
         shown = self.offenders(self.limit)
         if not shown:
             return "\n".join(head)

@@ -17,7 +17,7 @@ import shutil
 import textwrap
 from typing import Any
 
-from ulptrace.oracle.judge import VERDICTS
+from ulptrace.oracle.judge import VERDICTS, explained_share
 from ulptrace.ulp import HISTOGRAM_BUCKETS, ROW_HISTOGRAM_BUCKETS
 
 
@@ -170,7 +170,7 @@ def _boundary(s: dict[str, Any]) -> str:
     if not s["boundary"] or not (s["verdicts"] or {}).get("boundary"):
         return ""
     share = s.get("explained")
-    return s["boundary"] + (f" [explains {share:.0%}]" if share is not None else "")
+    return s["boundary"] + (f" [explains {explained_share(share)}]" if share is not None else "")
 
 
 def _fit(body: list[list[str]], width: int) -> list[int]:

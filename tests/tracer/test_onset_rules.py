@@ -278,3 +278,18 @@ def test_in_a_selection_earlier_records_prove_nothing() -> None:
     local = [site("glu", equal=False, inputs={"x": 0}, verdicts=judged(exact=6, error=2)),
              site("scan", kind="attention", equal=False, inputs={"q": 0})]
     assert reasons(Comparison(sites=local, reference=PARTIAL)) == [("glu", 0, "verdict"), ("scan", 0, "unjudged")]
+
+
+def test_errors_come_before_a_boundary_that_explains_few_and_shares_are_never_rounded_to_all_or_none() -> None:
+    """A record whose out-of-set elements are mostly errors, a few of them inside a hypothesis's set, reads as the
+    errors it has first; the boundary's share is never printed as 0% or 100% unless it is exactly that."""
+    from ulptrace.oracle.judge import explained_share
+
+    c = Comparison(sites=[site("norm", equal=False, inputs={"x": 0}, verdicts=judged(exact=10, boundary=1, error=399),
+                               boundary="`rsqrt(%3)` (op 4) rounded to BF16", explained=1 / 400, max_error_ulp=88)])
+    parity = c.parity()
+    assert kinds(parity) == ["error", "boundary"]
+    assert parity.failures[1].message.endswith("rounded to BF16, explains <1% of its out-of-set elements")
+    assert [explained_share(x) for x in (0.0, 0.001, 0.02, 0.994, 0.996, 1.0)] == \
+        ["0%", "<1%", "2%", "99%", ">99%", "100%"]
+    assert [explained_share(x, 1) for x in (0.0004, 0.9996, 0.5)] == ["<0.1%", ">99.9%", "50.0%"]

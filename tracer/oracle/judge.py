@@ -42,6 +42,20 @@ DIFFERING_VERDICTS: tuple[str, ...] = VERDICTS[TIE:]
 """The verdicts of elements that differ from the reference: the keys of :func:`verdict_histogram`."""
 
 
+def explained_share(fraction: float, digits: int = 0) -> str:
+    """The share of a record's out-of-set elements a named boundary explains, as a percentage with ``digits``
+    decimals — never rounded to ``0%`` or ``100%`` unless it is exactly that (``<1%``, ``>99%``): a boundary that
+    explains all but a few elements, the rest errors, must not read as explaining them all, nor one that explains a
+    few as explaining none."""
+    text = f"{100 * fraction:.{digits}f}%"
+    least = f"{10.0 ** -digits:.{digits}f}"
+    if 0 < fraction and float(text[:-1]) == 0:
+        return f"<{least}%"
+    if fraction < 1 and float(text[:-1]) == 100:
+        return f">{100 - float(least):.{digits}f}%"
+    return text
+
+
 @dataclass
 class HypothesisResult:
     """How one hypothesis fared: its kind, sentence, op index and the out-of-set elements it explains."""
@@ -114,7 +128,7 @@ class Judgement:
         lines = [f"{head}: {total} elements: {counts} (worst: {self.worst})"]
         outside = self.counts["boundary"] + self.counts["error"]
         if self.boundary is not None:
-            lines.append(f"  boundary: {self.boundary} (explains {100 * self.explained:.1f}% of {outside} "
+            lines.append(f"  boundary: {self.boundary} (explains {explained_share(self.explained, 1)} of {outside} "
                          "out-of-set elements)")
         if self.max_error_ulp is not None:
             lines.append(f"  error: up to {self.max_error_ulp} ULP outside the admissible set")
