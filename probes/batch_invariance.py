@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from ulptrace.comparison import bitwise_equal
 from ulptrace.models import build_model
 from ulptrace.paths import apply_path
 from ulptrace.probes.divergence import (
@@ -35,6 +36,7 @@ from ulptrace.probes.divergence import (
 )
 from ulptrace.record import recording_collector
 from ulptrace.run import RunConfig, check_mode, make_prompts, selected_sites, selection_metadata, splice_row, torch_dtype
+from ulptrace.ulp import ulp_stats
 
 SCHEMA = "ulptrace.batch_invariance"
 
@@ -113,6 +115,15 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                       generate(model, prompts[i:i + 1], run.new_tokens, mode=run.reference_mode, cache_len=cache_len,
                                keep_states=cfg.locate), cache_len)
                  for i in range(count)]
+        # does the path repeat itself? Prompt 0 alone once more: a path that does not would have its run-to-run
+        # differences read as the batch's
+        again = generate(model, prompts[:1], run.new_tokens, mode=run.reference_mode, cache_len=cache_len)
+        first = alone[0].generation
+        repeat = {"checked": "prompt 0 generated alone twice", "tokens_equal": bool(torch.equal(first.tokens,
+                                                                                                  again.tokens)),
+                  "logits_bitwise": all(bitwise_equal(a, b) for a, b in zip(first.logits, again.logits))}
+        if not repeat["logits_bitwise"]:
+            say("the path does not repeat itself: prompt 0 alone gave other logits the second time")
         for batch in cfg.batches:
             if batch in done:  # alone (batch 1), or taken from the resumed report
                 summary.append(done[batch][0])
@@ -133,11 +144,16 @@ def run_batch_invariance(cfg: BatchInvarianceConfig, progress: Callable[[str], N
                 locate_spent += time.perf_counter() - t0
                 exact += sum(r["token_exact"] for r in found)
                 rows += found
-            summary.append({"batch": batch, "exact": exact, "rows": count})
-            say(f"  batch {batch}: {exact} of {count} rows token-exact")
+            mine = rows[len(rows) - count:]
+            summary.append({"batch": batch, "exact": exact, "rows": count,
+                            "logits_bitwise": sum(r["logits_bitwise"] for r in mine),
+                            "logits_max_ulp": max(r["logits_max_ulp"] for r in mine)})
+            say(f"  batch {batch}: {exact} of {count} rows token-exact, {summary[-1]['logits_bitwise']} with bitwise "
+                "logits")
             if on_batch is not None:
-                on_batch(_report(cfg, count, summary, rows, started, complete=False, resumed=resumed))
-    return _report(cfg, count, summary, rows, started, complete=True, resumed=resumed)
+                on_batch(_report(cfg, count, summary, rows, started, complete=False, resumed=resumed,
+                                 repeat=repeat))
+    return _report(cfg, count, summary, rows, started, complete=True, resumed=resumed, repeat=repeat)
 
 
 def resumed_batches(cfg: BatchInvarianceConfig, report: dict[str, Any]
@@ -163,7 +179,8 @@ def resumed_batches(cfg: BatchInvarianceConfig, report: dict[str, Any]
 
 
 def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]], rows: list[dict[str, Any]],
-            started: float, *, complete: bool, resumed: int = 0) -> dict[str, Any]:
+            started: float, *, complete: bool, resumed: int = 0, repeat: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     run = cfg.run
     extra = {"resumed": {"batches": resumed, "note": "batch sizes taken from an earlier report of this run "
                          "(--resume), not re-run; timing counts this run only"}} if cfg.resume is not None else {}
@@ -186,6 +203,7 @@ def _report(cfg: BatchInvarianceConfig, count: int, summary: list[dict[str, Any]
         "locate_seconds": cfg.locate_seconds,
         "summary": summary,
         "rows": rows,
+        "repeatable": repeat,  # None: nothing generated in this run (every batch size resumed)
         "timing": {"seconds": time.perf_counter() - started},
         **extra,
     }
@@ -206,6 +224,11 @@ def batch_rows(alone: list[Side], members: list[int], batched: Side, *, judge: A
         entry = {"path": batched.path, "mode": batched.mode, "seed": seed, "batch": batch, "attempt": 1,
                  "row": prompt, "row_in_batch": row, "token_exact": step is None, "first_divergent_step": step,
                  "near_tie": None, "accumulated": None, "onset": None}
+        # the logits of every step whose inputs both runs share (to the first divergent one): bitwise, or how far
+        logits = [(alone[prompt].generation.logits[t][0], gen.logits[t][row])
+                  for t in range(gen.tokens.shape[1] if step is None else step + 1)]
+        entry["logits_bitwise"] = all(bitwise_equal(a, b) for a, b in logits)
+        entry["logits_max_ulp"] = max(ulp_stats(a, b).max_ulp for a, b in logits)
         if step is not None:
             tie = near_tie(alone[prompt].generation.logits[step][0], gen.logits[step][row])
             entry.update(near_tie=tie["near_tie"], gap=tie["gap"], noise=tie["noise"],
@@ -235,12 +258,29 @@ def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
     head = (f"batch invariance of {report['path']} ({report['mode']}) on {report['model']} [{report['dtype']}, "
             f"{report['device']}]: {report['prompts'][0]} prompts of {report['prompts'][1]} tokens, "
             f"{report['new_tokens']} new tokens, greedy, EOS disabled; each row against its prompt generated alone")
-    lines = [head, "", "token-exact rows per batch size:"]
-    body = [["batch", "exact rows"]] + [[str(s["batch"]), f"{s['exact']}/{s['rows']}" + (" (alone: the reference)"
-                                                                                        if s["batch"] == 1 else "")]
-                                        for s in report["summary"]]
-    widths = [max(len(r[i]) for r in body) for i in range(2)]
+    lines = [head, "", "token-exact rows per batch size, and rows whose logits are bitwise those alone (every step "
+                       "whose inputs both share):"]
+    body = [["batch", "exact rows", "bitwise logits"]]
+    for entry in report["summary"]:
+        if entry["batch"] == 1:
+            body.append(["1", f"{entry['exact']}/{entry['rows']} (alone: the reference)", "-"])
+            continue
+        bitwise = entry.get("logits_bitwise")  # (a report resumed from before it was counted has none)
+        body.append([str(entry["batch"]), f"{entry['exact']}/{entry['rows']}",
+                     "?" if bitwise is None else f"{bitwise}/{entry['rows']}" + (
+                         f" (largest difference {entry['logits_max_ulp']} ULP)" if bitwise < entry["rows"] else "")])
+    widths = [max(len(r[i]) for r in body) for i in range(3)]
     lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
+    hidden = [e["batch"] for e in report["summary"] if e["batch"] != 1 and e["exact"] == e["rows"]
+              and e.get("logits_bitwise", e["rows"]) < e["rows"]]
+    if hidden:
+        lines.append(f"  batch {', '.join(map(str, hidden))}: every row token-exact, but not every row's logits are "
+                     "bitwise those alone — the batch changes what the path computes; greedy tokens hid it")
+    repeat = report.get("repeatable")
+    if repeat is not None and not repeat["logits_bitwise"]:
+        lines.append("  the path does not repeat itself: prompt 0 alone gave other "
+                     + ("logits" if repeat["tokens_equal"] else "tokens") + " the second time — a difference above "
+                     "may be run-to-run noise, not the batch's")
     divergent = [r for r in report["rows"] if not r["token_exact"]]
     lines += ["", f"divergent rows: {len(divergent)} of {len(report['rows'])} (row = the prompt's index)", NEAR_TIE_RULE]
     if divergent:

@@ -6,8 +6,10 @@ not, three questions are answered here, each in one place:
 - *first divergent step* (``first_divergent_steps``): the first position whose token differs (step 0 is
   the prefill's token, step ``t`` the ``t``-th decode step's);
 - *near-tie* (``near_tie``, rule ``NEAR_TIE_RULE``): at that step, is the reference's top-1/top-2 logit gap
-  smaller than the largest logit difference between the two runs (the row's whole vocabulary)? Then any
-  noise of that size could flip the choice;
+  at most the largest logit difference between the two runs (the row's whole vocabulary)? Then any
+  noise of that size could flip the choice (a gap equal to it: by the tie-break of equal logits). A flip always
+  comes with a difference of at least half the gap somewhere, so a defect's flips are near-ties too: where it
+  began (its verdict) is what tells a defect from noise;
 - *where it began* (``locate``): both runs are restored to the reference's decoding state just before that
   step (``ulptrace.run.Session.restore``), the step is re-run traced on both, and the records of the row
   (``ulptrace.run.RowSink``) are compared and judged; the onset (``Comparison.onset_with_reason``) is
@@ -22,6 +24,7 @@ decoding state before every decode step).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +33,9 @@ from ulptrace.comparison import Comparison, StreamingComparator
 from ulptrace.oracle.judge import VERDICTS, WORSE_THAN_TIE
 from ulptrace.record import MemorySink, Recorder
 from ulptrace.run import DecodeState, RowSink, Session, greedy, selection_metadata, step_from
+from ulptrace.sides import SideNames
 
-NEAR_TIE_RULE = ("near-tie: at the first divergent step, the reference's top-1/top-2 logit gap is smaller than the "
+NEAR_TIE_RULE = ("near-tie: at the first divergent step, the reference's top-1/top-2 logit gap is at most the "
                  "largest |logit difference| between the two runs at that step (that row, every vocabulary entry)")
 
 
@@ -77,7 +81,7 @@ def first_divergent_steps(reference: torch.Tensor, candidate: torch.Tensor) -> l
 def near_tie(reference: torch.Tensor, candidate: torch.Tensor) -> dict[str, Any]:
     """The near-tie rule (``NEAR_TIE_RULE``) on one row's logits ``[vocab]`` at the first divergent step.
 
-    Returns ``near_tie`` (``gap < noise``), ``gap`` (the reference's top-1 minus top-2 logit), ``noise``
+    Returns ``near_tie`` (``gap <= noise``), ``gap`` (the reference's top-1 minus top-2 logit), ``noise``
     (the largest |reference - candidate| logit difference), and both runs' tokens. Computed in float64
     (exact for BF16/FP16/FP32 logits). A nonfinite difference is never a near-tie.
     """
@@ -89,7 +93,7 @@ def near_tie(reference: torch.Tensor, candidate: torch.Tensor) -> dict[str, Any]
     gap = float(top.values[0] - top.values[1])
     noise = float((ref - cand).abs().max())
     finite = bool(torch.isfinite(ref).all() and torch.isfinite(cand).all())
-    return {"near_tie": bool(finite and gap < noise), "gap": gap, "noise": noise,
+    return {"near_tie": bool(finite and gap <= noise), "gap": gap, "noise": noise,
             "reference_token": int(ref.argmax()), "candidate_token": int(cand.argmax())}
 
 
@@ -146,10 +150,16 @@ class Side:
     prompts: torch.Tensor  # [batch, prompt_len]
     generation: Generation
     cache_len: int | None = None
+    names: SideNames | None = None  # what its code looks up as its path set it, beside another path (ulptrace.sides)
 
     @property
     def batch(self) -> int:
         return self.prompts.shape[0]
+
+    def running(self) -> AbstractContextManager[Any]:
+        """The context each run of this side's model is made in: its own names entered, where another side's path is
+        applied in this process too."""
+        return self.names.entered() if self.names is not None else nullcontext()
 
 
 class UntilOnset:
@@ -214,7 +224,8 @@ def locate(references: dict[int, tuple[Side, int]], candidate: Side, step: int, 
         out = {}
         for side, needed in _sides(references):
             traces = {r: MemorySink() for r in needed}
-            logits = run(side, _recorder(side, RowSink(side.batch, traces), sites, meta))
+            with side.running():
+                logits = run(side, _recorder(side, RowSink(side.batch, traces), sites, meta))
             out[id(side)] = ({r: s.trace for r, s in traces.items()}, logits)
         return out
 
@@ -225,7 +236,8 @@ def locate(references: dict[int, tuple[Side, int]], candidate: Side, step: int, 
     if step == 0:  # the prefill: nothing precedes it, so it is re-run as it was
         refs = run_references(_prefill)
         sinks = comparators(refs)
-        cand_logits = _prefill(candidate, _recorder(candidate, RowSink(candidate.batch, sinks), sites, meta))
+        with candidate.running():
+            cand_logits = _prefill(candidate, _recorder(candidate, RowSink(candidate.batch, sinks), sites, meta))
         for row in rows:
             side, ref_row = references[row]
             onset, first = onset_object(sinks[row].finish())
@@ -243,8 +255,9 @@ def locate(references: dict[int, tuple[Side, int]], candidate: Side, step: int, 
     refs = run_references(restored)
     sinks = comparators(refs)
     rec = _recorder(candidate, RowSink(candidate.batch, sinks), sites, meta)
-    cand_logits = step_from(candidate.model, candidate.mode, candidate.prompts, candidate_state, candidate_feed,
-                            cache_len=candidate.cache_len, recorders=[rec])
+    with candidate.running():
+        cand_logits = step_from(candidate.model, candidate.mode, candidate.prompts, candidate_state, candidate_feed,
+                                cache_len=candidate.cache_len, recorders=[rec])
     accumulated = []
     for row in rows:
         side, ref_row = references[row]
@@ -293,12 +306,12 @@ def locate_from_start(references: dict[int, tuple[Side, int]], candidate: Side, 
     traces: dict[int, dict[int, Any]] = {}
     for side, needed in _sides(references):
         sinks = {r: MemorySink() for r in needed}
-        with _recorder(side, RowSink(side.batch, sinks), sites, meta):
+        with side.running(), _recorder(side, RowSink(side.batch, sinks), sites, meta):
             greedy(side.model, side.prompts, step + 1, forced=side.generation.tokens, mode=side.mode,
                    cache_len=side.cache_len)
         traces[id(side)] = {r: s.trace for r, s in sinks.items()}
     comparators = {row: _comparator(traces[id(side)][ref_row], judge, max_ulp) for row, (side, ref_row) in references.items()}
-    with _recorder(candidate, RowSink(candidate.batch, comparators), sites, meta):
+    with candidate.running(), _recorder(candidate, RowSink(candidate.batch, comparators), sites, meta):
         greedy(candidate.model, candidate.prompts, step + 1, forced=candidate_forced, mode=candidate.mode,
                cache_len=candidate.cache_len)
     out = {}
@@ -366,8 +379,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     if row["near_tie"] is None:
         tie = "-"
     else:
-        tie = (f"yes (gap {row['gap']:.4g} < {row['noise']:.4g})" if row["near_tie"]
-               else f"no (gap {row['gap']:.4g} >= {row['noise']:.4g})")
+        tie = (f"yes (gap {row['gap']:.4g} <= {row['noise']:.4g})" if row["near_tie"]
+               else f"no (gap {row['gap']:.4g} > {row['noise']:.4g})")
     return [row["path"], row["mode"], str(row["seed"]), str(row["batch"]), str(row["attempt"]), str(row["row"]),
             str(row["first_divergent_step"]), tie, where_it_began(row)]
 

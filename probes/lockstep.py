@@ -14,7 +14,7 @@ differences grow.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from ulptrace.paths import apply_path
 from ulptrace.probes.divergence import describe_point, onset_object
 from ulptrace.record import Recorder, recording_collector
 from ulptrace.run import DecodeState, RunConfig, Session, adapt_state, build_pair, selected_sites, selection_metadata
+from ulptrace.sides import SideNames, apply_paths
 from ulptrace.trace import Trace
 from ulptrace.ulp import FORMATS, row_ulp_distance, ulp_distance
 
@@ -104,8 +105,10 @@ class _Side:
     other side records each forward with a recorder of its own, numbered as that step.
     """
 
-    def __init__(self, model: Any, mode: str, max_len: int, path: str, sites: Any, meta: dict[str, Any]) -> None:
+    def __init__(self, model: Any, mode: str, max_len: int, path: str, sites: Any, meta: dict[str, Any],
+                 names: SideNames | None = None) -> None:
         self.model, self.path, self.sites = model, path, sites
+        self.names = names  # what its code looks up, as its path set it (ulptrace.sides): entered for each forward
         self.meta = {**meta, "mode": mode}
         self.session = Session(model, mode, max_len=max_len)
         self.sink = _StepSink()
@@ -121,14 +124,18 @@ class _Side:
         if other is not None:
             other.pause()
         try:
-            if self.recorder is not None:
-                return forward().clone()
-            with Recorder(self.model, sites=self.sites, sink=self.sink, path=self.path, metadata=self.meta) as rec:
-                rec.step = step - 1  # this forward is that step
-                return forward().clone()
+            with self.names.entered() if self.names is not None else nullcontext():
+                return self._run(step, forward)
         finally:
             if other is not None:
                 other.resume()
+
+    def _run(self, step: int, forward: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if self.recorder is not None:
+            return forward().clone()
+        with Recorder(self.model, sites=self.sites, sink=self.sink, path=self.path, metadata=self.meta) as rec:
+            rec.step = step - 1  # this forward is that step
+            return forward().clone()
 
 
 @recording_collector()  # every recorder of the run and what is made between them
@@ -154,15 +161,21 @@ def run_lockstep(cfg: RunConfig, *, free_running: bool = False,
     entries: list[dict[str, Any]] = []
     meta = {"selection": selection_metadata(cfg, steps=False)}
     with ExitStack() as stack:
-        stack.enter_context(apply_path(ref_model, cfg.reference))
+        if shared:
+            stack.enter_context(apply_path(ref_model, cfg.reference))
+            ref_names = cand_names = None
+        else:  # each side runs with the names its own path set (ulptrace.sides)
+            *_, ref_names, cand_names = stack.enter_context(apply_paths(ref_model, cfg.reference, cand_model,
+                                                                        cfg.candidate))
         if cfg.oracle:
             from ulptrace.verdicts import OracleJudge
 
-            judge = OracleJudge(ref_model)  # before the candidate's path is applied
-        if not shared:
-            stack.enter_context(apply_path(cand_model, cfg.candidate))
-        ref = _Side(ref_model, cfg.reference_mode, max_len, cfg.reference, selected_sites(ref_model, cfg), meta)
-        cand = _Side(cand_model, cfg.candidate_mode, max_len, cfg.candidate, selected_sites(cand_model, cfg), meta)
+            with ref_names.entered() if ref_names is not None else nullcontext():
+                judge = OracleJudge(ref_model)  # the reference's semantics, with the names its path set
+        ref = _Side(ref_model, cfg.reference_mode, max_len, cfg.reference, selected_sites(ref_model, cfg), meta,
+                    ref_names)
+        cand = _Side(cand_model, cfg.candidate_mode, max_len, cfg.candidate, selected_sites(cand_model, cfg), meta,
+                     cand_names)
         if shared:
             ref.other, cand.other = cand, ref
             stack.enter_context((ref if cfg.reference_mode == "graph" else cand).open())

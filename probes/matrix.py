@@ -27,6 +27,7 @@ import torch
 from ulptrace.comparison import bitwise_equal
 from ulptrace.models import build_model, twin
 from ulptrace.paths import apply_path, resolve_path
+from ulptrace.sides import SideNames, apply_candidate
 from ulptrace.probes.divergence import (
     NEAR_TIE_RULE,
     ROW_HEAD,
@@ -178,7 +179,9 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
         timing["build_seconds"] += time.perf_counter() - t0
         prompts_all = make_prompts(ref_model.config.vocab_size, max(cfg.batches), run.prompt_len, seed, run.device)
         sites = selected_sites(ref_model, run, cfg.candidates)  # observable on every candidate path
+        before = SideNames(ref_model)  # what the models' code looks up, before either path (ulptrace.sides)
         with apply_path(ref_model, run.reference):
+            ref_names = SideNames(ref_model)
             judge = None
             if run.oracle and cfg.locate:
                 from ulptrace.verdicts import OracleJudge
@@ -197,9 +200,9 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                                    keep_states=cfg.locate)
                 _sync(run.device)
                 timing["reference_seconds"] += time.perf_counter() - t0
-                reference = Side(ref_model, run.reference, run.reference_mode, prompts, ref_gen, cache_len)
+                reference = Side(ref_model, run.reference, run.reference_mode, prompts, ref_gen, cache_len, ref_names)
                 for path in cfg.candidates:
-                    with apply_path(cand_model, path):
+                    with apply_candidate(before, cand_model, path) as (_, cand_names):
                         for mode in cfg.modes:
                             for attempt in range(1, cfg.attempts(mode) + 1):
                                 if (path, mode, seed, batch, attempt) in done:
@@ -210,7 +213,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                                 _sync(run.device)
                                 seconds = time.perf_counter() - t0
                                 timing["generation_seconds"] += seconds
-                                candidate = Side(cand_model, path, mode, prompts, gen, cache_len)
+                                candidate = Side(cand_model, path, mode, prompts, gen, cache_len, cand_names)
                                 check = {"path": path, "mode": mode, "seed": seed, "batch": batch, "attempt": attempt}
                                 t0 = time.perf_counter()
                                 same = earlier.get((path, mode, seed, batch))
@@ -448,6 +451,14 @@ def _columns(body: list[list[str]], indent: str = "") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in body]
 
 
+def _named_boundary(row: dict[str, Any]) -> str:
+    """The boundary that names a divergent row's onset: its record's verdict is ``boundary``. Not the partial one of
+    a record whose verdict is worse (an error record with a few elements inside some hypothesis's set: that name
+    explains a few of its elements, not the row)."""
+    onset = row.get("onset") or {}
+    return (onset.get("boundary") or "") if onset.get("verdict") == "boundary" else ""
+
+
 def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
     """The terminal report: the summary table, the near-tie rule, the divergent rows, the timing."""
     lines = [_grid_line(report), "", "token-exact checks (whole batch), per candidate path:"]
@@ -457,7 +468,7 @@ def to_table(report: dict[str, Any], limit: int | None = 40) -> str:
     if divergent:
         shown = divergent if limit is None else divergent[:limit]
         lines += _columns([ROW_HEAD] + [row_cells(r) for r in shown], "  ")
-        named = {r["onset"]["boundary"] for r in shown if r.get("onset") and r["onset"].get("boundary")}
+        named = {_named_boundary(r) for r in shown} - {""}
         for boundary in sorted(named):
             lines.append(f"  boundary: {boundary}")
         if limit is not None and len(divergent) > limit:
@@ -486,6 +497,6 @@ def to_markdown(report: dict[str, Any]) -> str:
     if divergent:
         lines += ["| " + " | ".join(ROW_HEAD + ["boundary"]) + " |", "|" + "---|" * (len(ROW_HEAD) + 1)]
         for r in divergent:
-            boundary = (r.get("onset") or {}).get("boundary") or ""
+            boundary = _named_boundary(r)
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(r) + [boundary]) + " |")
     return "\n".join(lines) + "\n"

@@ -137,8 +137,10 @@ def conclusion(data: dict[str, Any]) -> str:
             parts.append(f"all {total:,} differing norm elements in {len(differing)} records are inside the "
                          f"admissible set of the reference's semantics (ties)")
         if inherited:
-            parts.append(f"{inherited} of those records differ because their inputs already differ "
-                         "(error inherited from upstream, see the input delta column)")
+            delta = max((v or 0) for s in differing for v in s["input_delta"].values())
+            parts.append(f"{inherited} of those records differ because their inputs already differ, by up to "
+                         f"{delta:,} ULP (inherited from upstream: where that began is outside the norms — "
+                         "`ulptrace onset` looks at every site)")
         trees = _tree_sentence(data)
         if trees:
             parts.append(trees)
@@ -219,6 +221,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
     """Record both paths (norm sites only), judge, analyse trees; returns (comparison, the JSON report)."""
     from ulptrace.comparison import compare
     from ulptrace.probes.onset import record_pair
+    from ulptrace.cli import seed_of
     from ulptrace.run import RunConfig
     from ulptrace.trees import DEFAULT_TREES, Tree
     from ulptrace.verdicts import OracleJudge
@@ -226,7 +229,7 @@ def run(args: argparse.Namespace, progress: Any = None) -> tuple[Any, dict[str, 
     say = progress or (lambda msg: None)
     cfg = RunConfig(model=args.model, reference=args.reference, candidate=args.candidate, prompts=args.prompts,
                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, cache_len=args.cache_len,
-                    seed=args.seed, device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites,
+                    seed=seed_of(args), device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites,
                     kinds=norm_kinds(args.kinds), layers=args.layers, steps=args.steps)
     from ulptrace.run import check_run
     from ulptrace.sdpa import default_note

@@ -44,6 +44,7 @@ from ulptrace.run import (
     record_generation,
     selected_sites,
 )
+from ulptrace.sides import SideNames, apply_candidate
 from ulptrace.spawning import drop_reference
 from ulptrace.trace import LazyTrace, TraceWriter
 
@@ -175,6 +176,7 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
     on in host memory. ``started``: when the onset began (``time.perf_counter()``), its models built since."""
     info = _run_info(cfg, started)
     _mark(info, "built_s")
+    before = SideNames(ref_model)  # the names the models' code looks up, before either path (ulptrace.sides)
     with apply_path(ref_model, cfg.reference) as ref_applied:
         say(f"recording reference {cfg.reference!r} ({cfg.reference_mode}) on {cfg.model} "
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
@@ -224,7 +226,7 @@ def _run_sequential(cfg: RunConfig, reference_dir: str | Path | None, say: Calla
             info["observation"] = check_observation(ref_model, prompts, cfg.new_tokens, ref_tokens, final_ref,
                                                     mode=cfg.reference_mode, cache_len=cfg.cache_len)
         judge = _oracle(cfg, ref_model, pool)
-        with apply_path(cand_model, cfg.candidate) as cand_applied:
+        with apply_candidate(before, cand_model, cfg.candidate) as (cand_applied, _):
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it")
             sink = StreamingComparator(reference, judge=judge, max_ulp=cfg.max_ulp, release=True,
                                        judging=bar.counter(JUDGING, "stack"))
@@ -259,9 +261,9 @@ def _run_concurrent(cfg: RunConfig, say: Callable[[str], None], bar: Progress, s
             f"({cfg.prompts}x{cfg.prompt_len}, {cfg.new_tokens} steps)")
         ref_model, cand_model, prompts = built if built is not None else build_pair(cfg, reference=cfg.oracle)
         remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
-        judge = _judge_beside(cfg, stack, ref_model, pool)
+        judge, before = _judge_beside(cfg, stack, ref_model, pool)
         _mark(info, "built_s")
-        with apply_path(cand_model, cfg.candidate) as cand_applied:
+        with apply_candidate(before, cand_model, cfg.candidate) as (cand_applied, _):
             say(f"streaming candidate {cfg.candidate!r} ({cfg.candidate_mode}) against it while both run")
             sink = StreamingComparator(remote.trace, judge=judge, max_ulp=cfg.max_ulp, release=True,
                                        judging=bar.counter(JUDGING, "stack"))
@@ -303,7 +305,7 @@ def _run_split(cfg: RunConfig, say: Callable[[str], None], bar: Progress, starte
         ref_model, cand_model, _ = build_pair(cfg, reference=cfg.oracle)
         remote.start(cand_model)  # a new process gets a twin of it (no second drawing of the weights)
         side.start(cand_model, feed=remote.trace.forced_token)
-        judge = _judge_beside(cfg, stack, ref_model, pool)
+        judge, _ = _judge_beside(cfg, stack, ref_model, pool)  # (no candidate's path is applied here)
         sites = len(selected_sites(cand_model, cfg))
         del cand_model  # its twins live in the processes (their memory is kept shared by the processes' workers)
         _mark(info, "built_s")
@@ -333,16 +335,20 @@ def _run_split(cfg: RunConfig, say: Callable[[str], None], bar: Progress, starte
     return _finished(comparison, info, ref_tokens, cand_tokens)
 
 
-def _judge_beside(cfg: RunConfig, stack: ExitStack, ref_model: Any, pool: JudgePool | None) -> Any:
+def _judge_beside(cfg: RunConfig, stack: ExitStack, ref_model: Any, pool: JudgePool | None
+                  ) -> tuple[Any, SideNames | None]:
     """The judge of an onset whose reference runs in a process of its own (None without the oracle): built here on
     ``ref_model``, the reference's path applied to it until ``stack`` closes (its modules define the semantics to
-    judge by, as in ``_run_sequential``); ``pool``'s judging processes are started on a twin of it first."""
+    judge by, as in ``_run_sequential``); ``pool``'s judging processes are started on a twin of it first. With it,
+    the names the models' code looks up before the reference's path was applied (``ulptrace.sides``: the candidate's
+    path is applied over them), else None (no path applied here)."""
     if pool is not None:
         pool.start(ref_model)
     if not cfg.oracle:
-        return None
+        return None, None
+    before = SideNames(ref_model)
     stack.enter_context(apply_path(ref_model, cfg.reference))
-    return _oracle(cfg, ref_model, pool)
+    return _oracle(cfg, ref_model, pool), before
 
 
 def _run_info(cfg: RunConfig, started: float) -> dict[str, Any]:
@@ -422,9 +428,10 @@ def record_pair(cfg: RunConfig, stack: ExitStack) -> tuple[Any, Any, Any, dict[s
     """
     cfg.refuse_onset_only("record_pair keeps both traces in this process (its caller judges them)")
     ref_model, cand_model, prompts = build_pair(cfg)
+    before = SideNames(ref_model)  # the candidate's path applied over these (ulptrace.sides)
     ref_applied = stack.enter_context(apply_path(ref_model, cfg.reference))
     ref_tokens, ref_rec = record_generation(ref_model, cfg, "reference", prompts, ref_applied.info)
-    with apply_path(cand_model, cfg.candidate) as cand_applied:
+    with apply_candidate(before, cand_model, cfg.candidate) as (cand_applied, _):
         cand_tokens, cand_rec = record_generation(cand_model, cfg, "candidate", prompts, cand_applied.info,
                                                   forced=ref_tokens)
         cand_rec.trace.metadata["path_info"] = cand_applied.info

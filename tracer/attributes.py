@@ -62,7 +62,7 @@ class AttributeSnapshot:
     def restore(self) -> None:
         """Every changed entry as it was when this was made."""
         for _, owner, name, value in self.changed():
-            _put(owner, name, value)
+            put(owner, name, value)
 
     @contextlib.contextmanager
     def restored(self) -> Iterator[list[str]]:
@@ -81,15 +81,15 @@ class AttributeSnapshot:
         self._depth = 1
         try:
             for _, owner, name, value in changes:
-                _put(owner, name, value)
+                put(owner, name, value)
             yield [f"{label}.{name}" for label, _, name, _ in changes]
         finally:
             self._depth = 0
             for owner, name, value in now:
-                _put(owner, name, value)
+                put(owner, name, value)
 
 
-def _put(owner: Any, name: str, value: Any) -> None:
+def put(owner: Any, name: str, value: Any) -> None:
     """Set (or, for :data:`MISSING`, delete) one entry: through ``setattr`` on a module or class, in the ``__dict__``
     of any other object (``nn.Module.__setattr__`` would route parameters and submodules elsewhere)."""
     namespace = isinstance(owner, (type, types.ModuleType))

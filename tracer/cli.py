@@ -40,7 +40,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, paths: bool = True) -> N
     g.add_argument("--new-tokens", type=int, default=4, help="greedy steps: prefill + new_tokens-1 decodes")
     g.add_argument("--cache-len", type=int, default=None, help="static-cache length for the static and graph modes "
                    "(default prompt length + new tokens)")
-    g.add_argument("--seed", type=int, default=0, help="seed for weights and prompts")
+    g.add_argument("--seed", type=int, default=None, help="seed for weights and prompts (default 0)")
     g.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     g.add_argument("--dtype", default="bfloat16", help="model dtype: bfloat16 (default), float16 or float32")
     g.add_argument("--sdpa", default="default", choices=SDPA_BACKENDS,
@@ -124,11 +124,17 @@ def add_mode_option(group: Any, flag: str, what: str) -> None:
                             "decode steps replayed from a CUDA graph; needs --device cuda)")
 
 
+def seed_of(args: argparse.Namespace) -> int:
+    """``--seed`` as given, else 0. Its default is None so that a command that does not take it (``matrix``: its
+    ``--seeds``) can tell it was given, even as 0."""
+    return 0 if args.seed is None else args.seed
+
+
 def _config(args: argparse.Namespace, **overrides: Any) -> Any:
     from ulptrace.run import RunConfig
 
     fields = dict(model=args.model, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                  cache_len=args.cache_len, seed=args.seed, device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites, kinds=args.kinds,
+                  cache_len=args.cache_len, seed=seed_of(args), device=args.device, dtype=args.dtype, sdpa=args.sdpa, sites=args.sites, kinds=args.kinds,
                   layers=args.layers, steps=args.steps)
     fields.update(overrides)
     from ulptrace.sdpa import default_note
@@ -481,7 +487,8 @@ def _add_plot_option(parser: argparse.ArgumentParser, what: str) -> None:
 def _refuse_unused(args: argparse.Namespace, command: str, options: dict[str, str]) -> None:
     """Options of the shared groups that ``command`` does not use: given, they exit 2 saying why."""
     for dest, why in options.items():
-        if getattr(args, dest, None) not in (None, False):
+        value = getattr(args, dest, None)
+        if value is not None and value is not False:  # (an explicit 0 is given too)
             flag = "--" + dest.replace("_", "-")
             raise ValueError(f"{command} does not take {flag}: {why}")
 
@@ -548,12 +555,17 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
     _check_plot(args)
     _refuse_unused(args, "matrix", {**_GENERATION_UNUSED,
-                                    "prompts": "each check's rows are the first B prompts for every B of --batches"})
+                                    "prompts": "each check's rows are the first B prompts for every B of --batches",
+                                    "seed": "each seed of --seeds draws the weights and prompts"})
     modes = args.modes or (["eager", "graph"] if torch.device(args.device).type == "cuda" else ["eager", "static"])
+    if args.graph_attempts is not None and args.graph_attempts >= 1 and "graph" not in modes:  # (< 1: validate's)
+        raise ValueError(f"--graph-attempts {args.graph_attempts} counts the checks of graph mode, but the modes are "
+                         f"{' '.join(modes)}: add graph to --modes or drop --graph-attempts")
     cfg = MatrixConfig(_config(args, prompts=1, reference=args.reference, reference_mode=args.reference_mode,
                                oracle=not args.no_oracle, max_ulp=args.max_ulp),
                        candidates=args.candidate, seeds=args.seeds, batches=args.batches, modes=modes,
-                       graph_attempts=args.graph_attempts, locate=not args.no_locate, locate_limit=args.locate_limit,
+                       graph_attempts=2 if args.graph_attempts is None else args.graph_attempts,
+                       locate=not args.no_locate, locate_limit=args.locate_limit,
                        locate_seconds=args.locate_seconds, resume=_read_report(args.resume) if args.resume else None)
     report = run_matrix(cfg, progress=report_progress, on_check=_partial_writer(args))
     _write_generation_report(report, args, to_table(report, limit=None if args.all else 40), to_markdown, plot_matrix)
@@ -591,7 +603,7 @@ def cmd_lockstep(args: argparse.Namespace) -> int:
     from ulptrace.probes.lockstep import run_lockstep, to_markdown, to_table
 
     _check_plot(args)
-    _refuse_unused(args, "lockstep", _GENERATION_UNUSED)
+    _refuse_unused(args, "lockstep", {**_GENERATION_UNUSED, "all": "every step is listed"})
     cfg = _config(args, reference=args.reference, candidate=args.candidate, reference_mode=args.reference_mode,
                   candidate_mode=args.candidate_mode, oracle=not args.no_oracle, max_ulp=args.max_ulp)
     report = run_lockstep(cfg, free_running=args.free_running, progress=report_progress)
@@ -642,8 +654,8 @@ def add_generation_commands(sub: Any) -> None:
     p.add_argument("--modes", nargs="+", choices=MODES, default=None, metavar="MODE",
                    help="candidate run modes: eager, static, graph (default eager graph on CUDA, eager static "
                         "elsewhere: graph needs CUDA)")
-    p.add_argument("--graph-attempts", type=int, default=2, metavar="N",
-                   help="graph checks per configuration, each a fresh capture (default 2)")
+    p.add_argument("--graph-attempts", type=int, default=None, metavar="N",
+                   help="graph checks per configuration, each a fresh capture (default 2; needs graph in --modes)")
     p.add_argument("--no-locate", action="store_true", help=locate_help)
     p.add_argument("--locate-limit", type=int, default=None, metavar="N",
                    help="locate at most N divergent rows per candidate path and mode, earliest steps first (default: "

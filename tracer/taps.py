@@ -142,6 +142,15 @@ class FunctionTap:
         return Handle(undo)
 
 
+def tap_of(value: Any) -> FunctionTap | None:
+    """The tap whose wrapper ``value`` is, or None (any other value)."""
+    try:
+        found = getattr(value, "__ulptrace_tap__", None)
+    except Exception:  # noqa: BLE001 — an object whose attribute lookup fails is no tap's wrapper
+        return None
+    return found if isinstance(found, FunctionTap) else None
+
+
 def tap(namespace: Any, name: str) -> FunctionTap:
     """The tap for ``namespace.name`` (a module attribute) or ``namespace[name]`` (a registry entry).
 

@@ -131,3 +131,41 @@ def fails_in_a_helper_process(model):
 
     if multiprocessing.parent_process() is not None:
         raise RuntimeError("planted failure: this path does not run in a helper process")
+
+
+def rope_reversed_at_decode_by_name(model):
+    """A rotary kernel installed the way Liger-Kernel installs its kernels, by assigning the modeling module's
+    ``apply_rotary_pos_emb`` — a name every model of that module looks up as it runs, not this model's alone —
+    whose one-token (decode) variant rotates the wrong way (sin negated): an error at ``self_attn.q_rope`` from
+    decode step 1."""
+    import sys
+
+    namespace = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    original = namespace.apply_rotary_pos_emb
+
+    def rope(q, k, cos, sin, *args, **kwargs):
+        return original(q, k, cos, -sin if q.shape[-2] == 1 else sin, *args, **kwargs)
+
+    namespace.apply_rotary_pos_emb = rope
+
+    def undo():
+        namespace.apply_rotary_pos_emb = original
+
+    return undo
+
+
+def _on_logits(model, change):
+    """``change(logits, batch)`` applied to what the LM head returns."""
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: change(out, out.shape[0]))
+    return handle.remove
+
+
+def logits_scaled_by_batch(model):
+    """Batch-variant and token-preserving: the logits scaled by 1 + 2^-5 (batch - 1) — a positive factor per row, so
+    every greedy choice stays (ties aside) while the numbers follow the batch."""
+    return _on_logits(model, lambda out, batch: out * (1 + 2.0 ** -5 * (batch - 1)))
+
+
+def noisy_logits(model):
+    """Not repeatable: noise of a few BF16 ULPs added to the logits, fresh at every call."""
+    return _on_logits(model, lambda out, batch: out + 0.02 * torch.randn_like(out))

@@ -20,7 +20,9 @@ def test_hf_rows_are_the_same_alone_and_batched_on_cpu(tmp_path, capsys) -> None
     assert main(["batch-invariance", "--model", "tiny-llama", "--batches", "1", "2", "--prompt-len", "8",
                  "--new-tokens", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["summary"][1] == {"batch": 2, "exact": 2, "rows": 2}
+    assert report["summary"][1] == {"batch": 2, "exact": 2, "rows": 2, "logits_bitwise": 2, "logits_max_ulp": 0}
+    assert report["repeatable"] == {"checked": "prompt 0 generated alone twice", "tokens_equal": True,
+                                    "logits_bitwise": True}
     assert [r["batch"] for r in report["rows"]] == [2, 2] and all(ROW_KEYS <= r.keys() for r in report["rows"])
     assert all(r["token_exact"] for r in report["rows"])
     assert "2/2" in capsys.readouterr().out
@@ -36,7 +38,8 @@ def test_a_batch_dependent_defect_is_located_in_the_row(monkeypatch) -> None:
     cfg = BatchInvarianceConfig(RunConfig(model="tiny-llama", reference="generation_candidates:glu_error_in_batches",
                                           prompts=2, prompt_len=16, new_tokens=3), batches=[2])
     report = run_batch_invariance(cfg)
-    assert report["summary"] == [{"batch": 2, "exact": 0, "rows": 2}]
+    assert [{k: e[k] for k in ("batch", "exact", "rows", "logits_bitwise")} for e in report["summary"]] == \
+        [{"batch": 2, "exact": 0, "rows": 2, "logits_bitwise": 0}]
     for row in report["rows"]:
         assert row["first_divergent_step"] == 2 and row["accumulated"] is False
         assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == ("layers.1.mlp.glu", 2, "error")
@@ -77,7 +80,8 @@ def test_a_stopped_run_resumed_takes_its_batches_and_runs_the_rest(monkeypatch, 
     monkeypatch.setattr(probe, "generate", lambda model, prompts, *a, **k: batched.append(prompts.shape[0])
                         or real(model, prompts, *a, **k))
     resumed = run_batch_invariance(cfg([1, 2, 4], resume=stopped))
-    assert batched == [1, 1, 1, 1, 4]  # the prompts alone, then only batch 4 (batch 2's generations are taken)
+    # the prompts alone, prompt 0 alone again (does the path repeat itself?), then only batch 4 (batch 2's are taken)
+    assert batched == [1, 1, 1, 1, 1, 4]
     strip = lambda rows: [{k: v for k, v in r.items() if k != "resumed"} for r in rows]
     assert strip(resumed["rows"]) == whole["rows"] and strip(resumed["summary"]) == whole["summary"]
     assert resumed["resumed"]["batches"] == 1 and resumed["complete"] is True
@@ -93,3 +97,31 @@ def test_a_stopped_run_resumed_takes_its_batches_and_runs_the_rest(monkeypatch, 
                  "--resume", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "new_tokens is 3 there, 5 here" in err[0], err
+
+
+def test_a_batch_dependent_logit_scale_that_keeps_the_tokens_is_batch_variant_all_the_same(monkeypatch, capsys
+                                                                                          ) -> None:
+    """Logits scaled by a factor that follows the batch size keep every greedy token: token-exact, yet the path is
+    not batch-invariant — the bitwise-logits count says so, with the largest difference, and the table says the
+    tokens hid it. HF itself: every row's logits bitwise those alone."""
+    monkeypatch.syspath_prepend(str(HERE))
+    argv = ["batch-invariance", "--model", "tiny-llama", "--batches", "1", "2", "--prompts", "2", "--prompt-len", "8",
+            "--new-tokens", "3"]
+    cfg = BatchInvarianceConfig(RunConfig(model="tiny-llama", reference="generation_candidates:logits_scaled_by_batch",
+                                          prompts=2, prompt_len=8, new_tokens=3), batches=[1, 2])
+    report = run_batch_invariance(cfg)
+    batch2 = report["summary"][1]
+    assert (batch2["exact"], batch2["logits_bitwise"]) == (2, 0) and batch2["logits_max_ulp"] > 0
+    assert all(r["token_exact"] and not r["logits_bitwise"] for r in report["rows"])
+    assert main([*argv, "--path", "generation_candidates:logits_scaled_by_batch"]) == 0
+    out = capsys.readouterr().out
+    assert "0/2 (largest difference" in out and "greedy tokens hid it" in out
+
+
+def test_a_path_that_does_not_repeat_itself_is_said_not_to(monkeypatch, capsys) -> None:
+    """A path whose logits change run to run (noise of its own) would have its differences read as the batch's:
+    prompt 0 generated alone twice says it does not repeat itself."""
+    monkeypatch.syspath_prepend(str(HERE))
+    assert main(["batch-invariance", "--model", "tiny-llama", "--batches", "1", "2", "--prompts", "2", "--prompt-len",
+                 "8", "--new-tokens", "3", "--path", "generation_candidates:noisy_logits"]) == 0
+    assert "the path does not repeat itself: prompt 0 alone gave other" in capsys.readouterr().out

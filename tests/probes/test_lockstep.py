@@ -78,6 +78,8 @@ def test_graph_mode_on_cpu_exits_2(capsys) -> None:
     assert main(["lockstep", "--candidate-mode", "graph"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--candidate-mode graph" in err[0]
+    assert main(["lockstep", "--all"]) == 2  # accepted and ignored, it would read as honoured
+    assert "lockstep does not take --all: every step is listed" in capsys.readouterr().err
 
 
 def test_lockstep_and_batch_invariance_record_with_the_old_objects_frozen(monkeypatch) -> None:
@@ -97,3 +99,29 @@ def test_lockstep_and_batch_invariance_record_with_the_old_objects_frozen(monkey
         RunConfig(model="tiny-llama", prompts=2, prompt_len=8, new_tokens=2), batches=[2]))
     assert len(seen) >= 3 and all(n > 1000 for n in seen), seen
     assert gc.get_freeze_count() == 0
+
+
+def test_a_kernel_installed_by_name_runs_on_its_own_side_only(monkeypatch) -> None:
+    """Both paths are applied in one process: a kernel installed by assigning a name the modeling module's code looks
+    up (``apply_rotary_pos_emb``) must run on its own side only (``ulptrace.sides``) — before, the reference ran it
+    too and a rotation the wrong way read "bitwise identical" at every step. As the candidate: an error at
+    ``self_attn.q_rope`` from decode step 1; as the reference, against HF: the same steps differ; afterwards the
+    modeling module's name is HF's own again."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(HERE))
+    from ulptrace import build_model
+
+    namespace = sys.modules[type(build_model("tiny-llama").model.layers[0].self_attn).__module__]
+    hf_rope = namespace.apply_rotary_pos_emb
+    defect = "generation_candidates:rope_reversed_at_decode_by_name"
+    report = run_lockstep(RunConfig(model="tiny-llama", candidate=defect, prompts=1, prompt_len=8, new_tokens=3))
+    assert report["prefill"]["logits_bitwise_equal"]  # the prefill's many-token rotation is HF's
+    for step in report["steps"]:
+        assert not step["logits_bitwise_equal"], step
+        assert (step["onset"]["site"], step["onset"]["step"], step["onset"]["verdict"]) == \
+            ("layers.0.self_attn.q_rope", step["step"], "error")
+    reverse = run_lockstep(RunConfig(model="tiny-llama", reference=defect, candidate="hf", prompts=1, prompt_len=8,
+                                     new_tokens=3))
+    assert [s["logits_bitwise_equal"] for s in reverse["steps"]] == [False, False]
+    assert namespace.apply_rotary_pos_emb is hf_rope

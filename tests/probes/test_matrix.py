@@ -29,9 +29,12 @@ def test_near_tie_rule_on_constructed_logits() -> None:
     assert (close["reference_token"], close["candidate_token"]) == (1, 2)
     far = near_tie(ref, ref + torch.tensor([0.0, 0.0, 0.125, 0.0], dtype=torch.bfloat16))
     assert not far["near_tie"] and far["gap"] == 0.25 and far["noise"] == 0.125
-    # the rule is strict: a gap equal to the noise is not a near-tie
-    equal = near_tie(ref, ref + torch.tensor([0.25, 0.0, 0.0, 0.0], dtype=torch.bfloat16))
-    assert not equal["near_tie"] and equal["gap"] == equal["noise"] == 0.25
+    # a gap equal to the noise is a near-tie: noise of that size flips the choice by the tie-break (here the
+    # candidate's logits 2.75 and 2.75, the lower index chosen)
+    swapped = torch.tensor([1.0, 2.75, 3.0, -1.0], dtype=torch.bfloat16)
+    equal = near_tie(swapped, swapped + torch.tensor([0.0, 0.0, -0.25, 0.0], dtype=torch.bfloat16))
+    assert equal["near_tie"] and equal["gap"] == equal["noise"] == 0.25
+    assert (equal["reference_token"], equal["candidate_token"]) == (2, 1)
     # the noise is the largest difference anywhere in the row, not at the two tokens only
     anywhere = near_tie(ref, ref + torch.tensor([0.0, 0.0, 0.0, 0.5], dtype=torch.bfloat16))
     assert anywhere["near_tie"] and anywhere["noise"] == 0.5
@@ -183,6 +186,10 @@ def test_graph_mode_on_cpu_exits_2_with_one_line(capsys) -> None:
     (["--batches", "2", "2"], "--batches lists 2 more than once"),
     (["--graph-attempts", "0"], "--graph-attempts must be >= 1"),
     (["--prompts", "4"], "matrix does not take --prompts"),
+    (["--seed", "5"], "matrix does not take --seed: each seed of --seeds draws the weights and prompts"),
+    (["--seed", "0"], "matrix does not take --seed"),  # given, even as the default's value
+    (["--graph-attempts", "3", "--modes", "eager", "static"],
+     "--graph-attempts 3 counts the checks of graph mode, but the modes are eager static"),
     (["--steps", "0:2"], "matrix does not take --steps"),
     (["--seeds"], "argument --seeds: expected at least one argument"),
     (["--modes", "fast"], "invalid choice: 'fast'"),
@@ -332,3 +339,18 @@ def test_a_stopped_matrix_resumed_equals_the_whole_run_and_another_grid_is_refus
     older = {k: v for k, v in partial.items() if k != "judging"}
     with pytest.raises(ValueError, match=r"does not record judging \(written by an older ulptrace\?\)"):
         run_matrix(cfg(resume=older))
+
+
+def test_a_kernel_installed_by_name_is_located_on_its_own_side(monkeypatch) -> None:
+    """Locating re-runs the reference while the candidate's path is applied: a kernel installed by assigning a name
+    the modeling module's code looks up must not run there too (``ulptrace.sides``) — before, every divergent row of
+    such a candidate read "no record differs"."""
+    monkeypatch.syspath_prepend(str(HERE))
+    defect = "generation_candidates:rope_reversed_at_decode_by_name"
+    cfg = MatrixConfig(RunConfig(model="tiny-llama", prompt_len=16, new_tokens=4), candidates=[defect], seeds=[0],
+                       batches=[2], modes=["eager"])
+    rows = [r for r in run_matrix(cfg)["rows"] if not r["token_exact"]]
+    assert rows, "the defect flips some row"
+    for row in rows:
+        assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == \
+            ("layers.0.self_attn.q_rope", 1, "error"), row

@@ -85,3 +85,21 @@ def test_allow_could_not_judge(tmp_path, fail_oracle_at) -> None:
     assert "the oracle could not judge" in data["conclusion"]
     rc, data = run(tmp_path, "--candidate", "kernels:fused", "--kinds", "gated_norm", "--allow-could-not-judge")
     assert rc == 0 and data["parity"] == {"ok": True, "allowed": ["could_not_judge"], "failures": []}
+
+
+def test_the_conclusion_of_inherited_ties_says_how_far_the_inputs_are_and_where_to_look() -> None:
+    """Every differing norm a tie on inputs that already differ: honest rounding inherited, or a defect upstream of
+    the norms (a GLU computing GELU reads the same way here). The conclusion gives the inputs' largest distance and
+    points to `ulptrace onset`, which looks at every site."""
+    from ulptrace.probes.norm_rounding import conclusion
+
+    def record(site, delta):
+        return {"site": site, "step": 0, "bitwise_equal": False, "differing": 10, "max_ulp": 3, "boundary": None,
+                "verdicts": {"exact": 0, "tie": 10, "boundary": 0, "error": 0, "nonfinite": 0},
+                "input_delta": {"x": delta}, "could_not_judge": None}
+
+    data = {"reference": {"path": "hf", "model": "tiny-qwen3.5"}, "candidate": {"path": "mine"},
+            "sites": [record("layers.0.post_attention_layernorm", 30044), record("norm", 12)]}
+    text = conclusion(data)
+    assert "2 of those records differ because their inputs already differ, by up to 30,044 ULP" in text
+    assert "`ulptrace onset` looks at every site" in text
