@@ -4,7 +4,8 @@ Why: lockstep and the locating of the matrix and of an onset run the reference's
 process while both paths are applied. A path that installs its kernel the ordinary way — by assigning a name the
 model's code looks up as it runs: a modeling module's function (``torch_recurrent_gated_delta_rule``,
 ``apply_rotary_pos_emb``), a method of a class, ``torch.nn.functional`` (Liger-Kernel's way, and a user's) — changes
-it for both models. The reference then ran the candidate's kernel, and a gross defect read as "bitwise identical"
+it for both models; so does replacing the attention registry's entry the model looks up (``ALL_ATTENTION_FUNCTIONS``).
+The reference then ran the candidate's kernel, and a gross defect read as "bitwise identical"
 (an audit with defects no issue names, ``bench/results/audit_2026-12-05h``).
 
 :class:`SideNames` takes those names (``ulptrace.oracle.environment.reference_namespaces``: the namespaces a model's
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ulptrace.attributes import MISSING, put
 from ulptrace.oracle.environment import reference_namespaces
 from ulptrace.paths import apply_path
+from ulptrace.sites import attention_lookup
 from ulptrace.taps import tap_of
 
 
@@ -35,14 +37,28 @@ class SideNames:
 
     def __init__(self, model: Any) -> None:
         self._snapshot = reference_namespaces(model)
+        # and the registry entry its attention is looked up by (ALL_ATTENTION_FUNCTIONS: ``registry[key] = fn``
+        # replaces it for every model), where it is one
+        self._entries: list[tuple[Any, str, Any]] = []
+        try:
+            registry, key = attention_lookup(model)
+        except (AttributeError, IndexError, TypeError, StopIteration):  # no attention layer a table knows
+            return
+        if isinstance(registry, Mapping):
+            self._entries.append((registry, key, registry.get(key, MISSING)))
 
     def _changed(self) -> list[tuple[str, Any, str, Any, Any]]:
-        """``(label, owner, name, value then, value now)`` of every name whose function is not what it was."""
+        """``(label, owner, name, value then, value now)`` of every name whose function is not what it was (an
+        owner that is a registry: its entry ``name``)."""
         out = []
         for label, owner, name, then in self._snapshot.changed():
             now = vars(owner).get(name, MISSING)
             if _function(now) is not _function(then):
                 out.append((label, owner, name, then, now))
+        for registry, key, then in self._entries:
+            now = registry.get(key, MISSING)
+            if _function(now) is not _function(then):
+                out.append((type(registry).__name__, registry, key, then, now))
         return out
 
     def changes(self) -> list[str]:
@@ -60,6 +76,9 @@ class SideNames:
                 if tapped is not None and then is not MISSING:
                     undo.append(functools.partial(setattr, tapped, "original", tapped.original))
                     tapped.original = _function(then)
+                elif isinstance(owner, Mapping):
+                    undo.append(functools.partial(_set_entry, owner, name, now))
+                    _set_entry(owner, name, then)
                 else:
                     undo.append(functools.partial(put, owner, name, now))
                     put(owner, name, then)
@@ -67,6 +86,13 @@ class SideNames:
         finally:
             for step in reversed(undo):
                 step()
+
+
+def _set_entry(registry: Any, key: str, value: Any) -> None:
+    if value is MISSING:
+        registry.pop(key, None)
+    else:
+        registry[key] = value
 
 
 def _function(value: Any) -> Any:

@@ -169,3 +169,25 @@ def logits_scaled_by_batch(model):
 def noisy_logits(model):
     """Not repeatable: noise of a few BF16 ULPs added to the logits, fresh at every call."""
     return _on_logits(model, lambda out, batch: out + 0.02 * torch.randn_like(out))
+
+
+def attention_registry_overridden(model):
+    """An attention kernel installed by replacing the registry entry the model looks its attention up by
+    (``ALL_ATTENTION_FUNCTIONS[impl]``: every model with that implementation reaches it) whose one-token (decode)
+    variant scales the scores by 1.5x the model's scaling: an error at ``self_attn.core`` from decode step 1."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    key = model.config._attn_implementation
+    original = ALL_ATTENTION_FUNCTIONS[key]
+
+    def attention(module, query, key_states, value, mask, *args, scaling=None, **kwargs):
+        if query.shape[2] == 1:
+            scaling = 1.5 * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        return original(module, query, key_states, value, mask, *args, scaling=scaling, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS[key] = attention
+
+    def undo():
+        ALL_ATTENTION_FUNCTIONS[key] = original
+
+    return undo

@@ -125,3 +125,19 @@ def test_a_kernel_installed_by_name_runs_on_its_own_side_only(monkeypatch) -> No
                                      new_tokens=3))
     assert [s["logits_bitwise_equal"] for s in reverse["steps"]] == [False, False]
     assert namespace.apply_rotary_pos_emb is hf_rope
+
+
+def test_an_attention_installed_in_the_registry_runs_on_its_own_side_only(monkeypatch) -> None:
+    """The attention registry's entry the model looks up (``ALL_ATTENTION_FUNCTIONS[impl]``) replaced by the
+    candidate's path reaches every model of that implementation: the reference's side runs HF's (``ulptrace.sides``),
+    so a decode-only scaling defect is an error at ``self_attn.core`` from step 1, and HF's entry is back after."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.syspath_prepend(str(HERE))
+    hf = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    report = run_lockstep(RunConfig(model="tiny-llama", candidate="generation_candidates:attention_registry_overridden",
+                                    prompts=1, prompt_len=8, new_tokens=3))
+    assert report["prefill"]["logits_bitwise_equal"]
+    for step in report["steps"]:
+        assert (step["onset"]["site"], step["onset"]["verdict"]) == ("layers.0.self_attn.core", "error"), step
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is hf
