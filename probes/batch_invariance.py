@@ -12,6 +12,7 @@ norm), judged a tie when the order is an honest one.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,8 +71,10 @@ class BatchInvarianceConfig:
                              f"prompts (--prompts {prompts}); expected batch sizes <= {prompts}")
         ragged = [b for b in self.batches if prompts % b]
         if ragged:
-            raise ValueError(f"--prompts {prompts} is not a multiple of batch size(s) {' '.join(map(str, ragged))}: "
-                             "expected every prompt in a full batch of each size")
+            given = f"--prompts {prompts}" if self.run.prompts is not None else \
+                f"the number of prompts (by default the largest batch size, {prompts})"
+            raise ValueError(f"{given} is not a multiple of batch size(s) {' '.join(map(str, ragged))}: expected "
+                             f"every prompt in a full batch of each size (--prompts {math.lcm(*self.batches)} is)")
         RunConfig(**{**vars(self.run), "prompts": prompts, "candidate": self.run.reference,
                      "candidate_mode": self.run.reference_mode, "extra": dict(self.run.extra)}).validate()
 

@@ -49,6 +49,8 @@ def test_a_batch_dependent_defect_is_located_in_the_row(monkeypatch) -> None:
 @pytest.mark.parametrize("argv, expected", [
     (["--batches", "4", "--prompts", "2"], "a batch cannot hold more rows than there are prompts"),
     (["--batches", "2", "--prompts", "3"], "--prompts 3 is not a multiple of batch size(s) 2"),
+    (["--batches", "2", "3"], "the number of prompts (by default the largest batch size, 3) is not a multiple of "
+                              "batch size(s) 2: expected every prompt in a full batch of each size (--prompts 6 is)"),
     (["--batches", "0"], "--batches values must be >= 1"),
     (["--mode", "graph"], "--mode graph replays CUDA graphs"),
 ])
