@@ -8,14 +8,15 @@ it for both models; so does replacing the attention registry's entry the model l
 The reference then ran the candidate's kernel, and a gross defect read as "bitwise identical"
 (an audit with defects no issue names, ``bench/results/audit_2026-12-05h``).
 
-:class:`SideNames` takes those names (``ulptrace.oracle.environment.reference_namespaces``: the namespaces a model's
-code reads) as they are when its side's path has been applied; :meth:`SideNames.entered` puts them back for the length
-of one of that side's runs, then what was there. A pair is set up by :func:`apply_paths` (or, for several candidates
-against one reference, :func:`apply_candidate`): the candidate's path is applied over the names as they were before
-either path (the reference path's own assignments do not reach the candidate either). ulptrace's own function taps
-(``ulptrace.taps``: the recorder's observers, kernel injection, which scopes itself to its own model's modules) stand
-between a name and its function for both models: a tap is left in place, and the function it calls is what is put
-back.
+:class:`SideNames` takes those names (``ulptrace.oracle.environment.namespace_owners``: the namespaces a model's code
+reads, and the classes those hold — a cache's layers) as they are when its side's path has been applied;
+:meth:`SideNames.entered` puts them back for the length of one of that side's runs, then what was there. A pair is
+set up by :func:`apply_paths` (or, for several candidates against one reference, :func:`apply_candidate`): the
+candidate's path is applied over the names as they were before either path (the reference path's own assignments do
+not reach the candidate either). ulptrace's own function taps (``ulptrace.taps``: the recorder's observers, kernel
+injection, which scopes itself to its own model's modules) stand between a name and its function for both models: a
+tap is left in place, and the function it calls is what is put back. The oracle's own arithmetic is kept from a
+candidate's names by its judge (``ulptrace.verdicts.OracleJudge``).
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ulptrace.attributes import MISSING, put
-from ulptrace.oracle.environment import reference_namespaces
+from ulptrace.attributes import MISSING, AttributeSnapshot, put
+from ulptrace.oracle.environment import looked_up, namespace_owners
 from ulptrace.paths import apply_path
 from ulptrace.sites import attention_lookup
-from ulptrace.taps import tap_of
+from ulptrace.taps import own_entry, set_own_entry, tap_of
 
 
 class SideNames:
     """The names ``model``'s code looks up as it runs, as they are now (see the module docstring)."""
 
     def __init__(self, model: Any) -> None:
-        self._snapshot = reference_namespaces(model)
+        self._snapshot = AttributeSnapshot(namespace_owners(model, module_classes=True), tracked=looked_up)
         # and the registry entry its attention is looked up by (ALL_ATTENTION_FUNCTIONS: ``registry[key] = fn``
         # replaces it for every model), where it is one
         self._entries: list[tuple[Any, str, Any]] = []
@@ -76,9 +77,12 @@ class SideNames:
                 if tapped is not None and then is not MISSING:
                     undo.append(functools.partial(setattr, tapped, "original", tapped.original))
                     tapped.original = _function(then)
-                elif isinstance(owner, Mapping):
-                    undo.append(functools.partial(_set_entry, owner, name, now))
-                    _set_entry(owner, name, then)
+                elif isinstance(owner, Mapping):  # its own entry put back exactly after (none: none)
+                    undo.append(functools.partial(set_own_entry, owner, name, own_entry(owner, name)))
+                    if then is MISSING:
+                        set_own_entry(owner, name, MISSING)
+                    else:
+                        owner[name] = _function(then)
                 else:
                     undo.append(functools.partial(put, owner, name, now))
                     put(owner, name, then)
@@ -86,13 +90,6 @@ class SideNames:
         finally:
             for step in reversed(undo):
                 step()
-
-
-def _set_entry(registry: Any, key: str, value: Any) -> None:
-    if value is MISSING:
-        registry.pop(key, None)
-    else:
-        registry[key] = value
 
 
 def _function(value: Any) -> Any:

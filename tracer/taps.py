@@ -25,6 +25,8 @@ import functools
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+from ulptrace.attributes import MISSING
+
 Transform = Callable[[tuple, dict], "tuple[tuple, dict]"]
 ResultTransform = Callable[[tuple, dict, Any], Any]
 Observer = Callable[[tuple, dict, Any], None]
@@ -87,6 +89,9 @@ class FunctionTap:
 
         wrapper.__ulptrace_tap__ = self  # type: ignore[attr-defined]
         self.wrapper = wrapper
+        # a registry's own entry before the tap (transformers' registries: a local entry over a class-wide one),
+        # put back as it was when the tap goes — a local entry left behind would shadow a later register()
+        self._own = own_entry(namespace, name) if self._mapping else None
         self._set(wrapper)
 
     def _set(self, value: Any) -> None:
@@ -98,7 +103,10 @@ class FunctionTap:
     def _release_if_unused(self) -> None:
         if not (self.transforms or self.result_transforms or self.observers or self.pre_observers) \
                 and self.impl is None:
-            self._set(self.original)
+            if self._mapping:
+                set_own_entry(self.namespace, self.name, self._own)
+            else:
+                self._set(self.original)
             _TAPS.pop((id(self.namespace), self.name), None)
 
     def _register(self, items: list, item: Any) -> Handle:
@@ -140,6 +148,28 @@ class FunctionTap:
             self._release_if_unused()
 
         return Handle(undo)
+
+
+def _own_table(registry: Any) -> Any:
+    """Where ``registry[name] = value`` writes: a transformers registry's (``GeneralInterface``) local mapping, which
+    shadows its class-wide one (``register``); any other mapping itself."""
+    local = getattr(registry, "_local_mapping", None)
+    return local if isinstance(local, dict) else registry
+
+
+def own_entry(registry: Any, name: str) -> Any:
+    """The entry ``registry`` holds for ``name`` itself (:func:`_own_table`), or :data:`ulptrace.attributes.MISSING`
+    — a class-wide entry then shows through."""
+    return _own_table(registry).get(name, MISSING)
+
+
+def set_own_entry(registry: Any, name: str, value: Any) -> None:
+    """Put back what :func:`own_entry` returned: the entry, or none (the class-wide one shows through again)."""
+    table = _own_table(registry)
+    if value is MISSING:
+        table.pop(name, None)
+    else:
+        table[name] = value
 
 
 def tap_of(value: Any) -> FunctionTap | None:

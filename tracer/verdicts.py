@@ -135,16 +135,22 @@ class OracleJudge:
         answer = self.without_replay(reference, candidate)
         return answer if answer is not None else self.replayed(reference, candidate)
 
+    def replayed(self, reference: Record, candidate: Record) -> dict[str, Any]:
+        """The judgement of a pair :meth:`without_replay` did not answer, its records on this judge's device
+        (:meth:`on_device`): the semantics replayed on the candidate's inputs. What ``__call__`` does after
+        ``without_replay``; a judging process of ``ulptrace.judging`` does only this (the pair was sent because
+        this process's ``without_replay`` did not answer it). The names the oracle's own arithmetic calls
+        (``torch.rsqrt`` in an interval rule) are the reference's while it judges, as in a capture: a candidate's
+        path that replaced one would otherwise be judged by its own arithmetic."""
+        with self._environment.restored():
+            return self._replayed(reference, candidate)
+
     def on_device(self, record: Record) -> Record:
         """``record`` where the semantics run (the reference model's device): a reference read back from disk, or kept
         in host memory, is on the CPU."""
         return _on(record, self.device)
 
-    def replayed(self, reference: Record, candidate: Record) -> dict[str, Any]:
-        """The judgement of a pair :meth:`without_replay` did not answer, its records on this judge's device
-        (:meth:`on_device`): the semantics replayed on the candidate's inputs. What ``__call__`` does after
-        ``without_replay``; a judging process of ``ulptrace.judging`` does only this (the pair was sent because
-        this process's ``without_replay`` did not answer it)."""
+    def _replayed(self, reference: Record, candidate: Record) -> dict[str, Any]:
         site = self.site(reference.site)
         assert site is not None
         # without_replay has answered equal outputs unless the reference is judged too

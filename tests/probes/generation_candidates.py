@@ -179,6 +179,8 @@ def attention_registry_overridden(model):
 
     key = model.config._attn_implementation
     original = ALL_ATTENTION_FUNCTIONS[key]
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping  # where setting an entry writes (over the class-wide one)
+    before = local.get(key)
 
     def attention(module, query, key_states, value, mask, *args, scaling=None, **kwargs):
         if query.shape[2] == 1:
@@ -187,7 +189,65 @@ def attention_registry_overridden(model):
 
     ALL_ATTENTION_FUNCTIONS[key] = attention
 
+    def undo():  # exactly as before: a local entry left behind would shadow a later class-wide register()
+        if before is None:
+            local.pop(key, None)
+        else:
+            local[key] = before
+
+    return undo
+
+
+def attention_registered_class_wide(model):
+    """As :func:`attention_registry_overridden`, installed class-wide (``AttentionInterface.register``): a registry's
+    local entry left behind by anything before (a tap's) would shadow it and the defect would never run."""
+    from transformers.modeling_utils import AttentionInterface
+
+    key = model.config._attn_implementation
+    original = AttentionInterface._global_mapping[key]
+
+    def attention(module, query, key_states, value, mask, *args, scaling=None, **kwargs):
+        if query.shape[2] == 1:
+            scaling = 1.5 * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+        return original(module, query, key_states, value, mask, *args, scaling=scaling, **kwargs)
+
+    AttentionInterface.register(key, attention)
+    return lambda: AttentionInterface.register(key, original)
+
+
+def rsqrt_scaled_at_decode(model):
+    """``torch.rsqrt`` replaced process-wide by one that is 1.25x too large for one-token inputs (an RMSNorm's
+    variance at decode): an error at the first norm from decode step 1. The oracle's own interval arithmetic calls
+    ``torch.rsqrt`` too: judged with the candidate's, the defect read as a tie."""
+    original = torch.rsqrt
+
+    def rsqrt(x, *args, **kwargs):
+        out = original(x, *args, **kwargs)
+        return out * 1.25 if x.dim() >= 2 and x.shape[-2] == 1 else out
+
+    torch.rsqrt = rsqrt
+
     def undo():
-        ALL_ATTENTION_FUNCTIONS[key] = original
+        torch.rsqrt = original
+
+    return undo
+
+
+def cache_update_scaled_at_decode(model):
+    """The cache's layer class patched (``DynamicLayer.update``, a class no model module is an instance of): the new
+    key and value doubled at decode before they are stored — an input difference at the attention core from step 1."""
+    from transformers.cache_utils import DynamicLayer
+
+    original = DynamicLayer.update
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if key_states.shape[-2] == 1:
+            key_states, value_states = key_states * 2, value_states * 2
+        return original(self, key_states, value_states, *args, **kwargs)
+
+    DynamicLayer.update = update
+
+    def undo():
+        DynamicLayer.update = original
 
     return undo

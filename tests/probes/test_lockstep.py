@@ -9,6 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest
 from ulptrace.cli import main
 from ulptrace.probes.lockstep import run_lockstep
 from ulptrace.run import RunConfig
@@ -141,3 +142,27 @@ def test_an_attention_installed_in_the_registry_runs_on_its_own_side_only(monkey
     for step in report["steps"]:
         assert (step["onset"]["site"], step["onset"]["verdict"]) == ("layers.0.self_attn.core", "error"), step
     assert ALL_ATTENTION_FUNCTIONS["sdpa"] is hf
+
+
+@pytest.mark.parametrize("candidate, site", [
+    ("attention_registered_class_wide", "layers.0.self_attn.core"),
+    ("rsqrt_scaled_at_decode", "layers.0.input_layernorm"),
+    ("cache_update_scaled_at_decode", "layers.0.self_attn.core"),
+])
+def test_a_kernel_installed_process_wide_in_other_ways_runs_on_its_own_side_only(monkeypatch, candidate, site) -> None:
+    """Other ways a kernel reaches every model (a third audit's): registered class-wide in the attention registry
+    (a registry entry a tap left behind shadowed it: never run), ``torch.rsqrt`` (the oracle's arithmetic calls it:
+    judged with the candidate's, a tie), a cache layer's class. Each differs from decode step 1 at its site, and the
+    onset finds the registered one too."""
+    from ulptrace.probes.onset import run_onset
+
+    monkeypatch.syspath_prepend(str(HERE))
+    path = f"generation_candidates:{candidate}"
+    report = run_lockstep(RunConfig(model="tiny-llama", candidate=path, prompts=1, prompt_len=8, new_tokens=3))
+    assert report["prefill"]["logits_bitwise_equal"]
+    for step in report["steps"]:
+        assert not step["logits_bitwise_equal"] and step["onset"]["site"] == site, step
+        assert step["onset"]["reason"] == "unobserved" if "cache" in candidate else step["onset"]["verdict"] == "error"
+    if "registered" in candidate:
+        comparison, _ = run_onset(RunConfig(model="tiny-llama", candidate=path, prompts=1, prompt_len=8, new_tokens=3))
+        assert comparison.onset() is not None and comparison.onset().site == site

@@ -354,3 +354,17 @@ def test_a_kernel_installed_by_name_is_located_on_its_own_side(monkeypatch) -> N
     for row in rows:
         assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == \
             ("layers.0.self_attn.q_rope", 1, "error"), row
+
+
+def test_the_oracle_judges_with_its_own_arithmetic_not_a_candidate_s(monkeypatch) -> None:
+    """A candidate that replaces ``torch.rsqrt`` process-wide (1.25x too large at decode): the oracle's interval
+    rules call ``torch.rsqrt`` too, and judging with the candidate's read the defect as a tie ("no onset"); the
+    judge puts the reference's names back while it judges (``OracleJudge.replayed``)."""
+    monkeypatch.syspath_prepend(str(HERE))
+    defect = "generation_candidates:rsqrt_scaled_at_decode"
+    cfg = MatrixConfig(RunConfig(model="tiny-llama", prompt_len=16, new_tokens=4), candidates=[defect], seeds=[0],
+                       batches=[2], modes=["eager"])
+    rows = [r for r in run_matrix(cfg)["rows"] if not r["token_exact"]]
+    assert rows, "the defect flips some row"
+    for row in rows:
+        assert (row["onset"]["site"], row["onset"]["verdict"]) == ("layers.0.input_layernorm", "error"), row

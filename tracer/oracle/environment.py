@@ -28,7 +28,7 @@ _ALWAYS = (torch, torch.nn.functional)  # what any formula's code may call throu
 _ALWAYS_CLASSES = (torch.Tensor,)
 
 
-def _looked_up(value: Any) -> bool:
+def looked_up(value: Any) -> bool:
     """Whether code reaching ``value`` by name calls it or reads through it: functions, classes, modules and other
     callables (data entries — a logger, a cache, a flag — are left alone)."""
     return callable(value) or isinstance(value, (types.ModuleType, staticmethod, classmethod, property))
@@ -36,7 +36,15 @@ def _looked_up(value: Any) -> bool:
 
 def reference_namespaces(model: torch.nn.Module) -> AttributeSnapshot:
     """The namespaces ``model``'s code reads by name, as they are now (see the module docstring): their looked-up
-    entries (:func:`_looked_up`), labelled by module name and class qualname."""
+    entries (:func:`looked_up`), labelled by module name and class qualname."""
+    return AttributeSnapshot(namespace_owners(model), tracked=looked_up)
+
+
+def namespace_owners(model: torch.nn.Module, *, module_classes: bool = False) -> list[tuple[str, Any]]:
+    """``(label, owner)`` of :func:`reference_namespaces`; ``module_classes``: also every class those modules'
+    globals hold from the model's packages, with its MRO — the classes a run reaches through them beyond the
+    model's own modules (a cache's layers: ``DynamicLayer.update``), which a side's run needs (``ulptrace.sides``)
+    and a site's semantics do not."""
     classes: dict[int, type] = {id(c): c for c in _ALWAYS_CLASSES}
     for module in model.modules():
         for cls in type(module).__mro__:
@@ -56,5 +64,14 @@ def reference_namespaces(model: torch.nn.Module) -> AttributeSnapshot:
             name = getattr(value, "__module__", None)
             if isinstance(name, str) and name.split(".")[0] in packages and name in sys.modules:
                 modules[id(sys.modules[name])] = sys.modules[name]
-    owners = [(m.__name__, m) for m in modules.values()] + [(c.__qualname__, c) for c in classes.values()]
-    return AttributeSnapshot(owners, tracked=_looked_up)
+    if module_classes:
+        for found in list(modules.values()):
+            if found in _ALWAYS:
+                continue
+            for value in list(vars(found).values()):
+                if isinstance(value, type) and isinstance(getattr(value, "__module__", None), str) \
+                        and value.__module__.split(".")[0] in packages:
+                    for cls in value.__mro__:
+                        if cls is not object and cls.__module__.split(".")[0] in packages:
+                            classes.setdefault(id(cls), cls)
+    return [(m.__name__, m) for m in modules.values()] + [(c.__qualname__, c) for c in classes.values()]
