@@ -33,6 +33,7 @@ from ulptrace.run import (
     selection_metadata,
     torch_dtype,
 )
+from ulptrace.sides import SideNames, apply_candidate
 from ulptrace.sites import parse_range
 from ulptrace.trace import LazyTrace, TraceWriter
 
@@ -91,7 +92,7 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
 
         label = cfg.model if cfg.model in MODELS else None  # a checkpoint directory is named by its path
         cand = TP.load_sharded(path, group, dtype=dtype, name=label, seed=cfg.seed, sdpa=cfg.sdpa)
-        ref_model, reference, error, observed = None, None, None, None
+        ref_model, reference, error, observed, before = None, None, None, None, None
         run: dict[str, Any] | None = None
         if group.main:  # the reference: unsharded, this rank only
             try:
@@ -99,6 +100,7 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
                 if label is not None:
                     ref_model.ulptrace_model_name = label
                 prompts = _prompts(ref_model, cfg, device)
+                before = SideNames(ref_model)  # the candidate's path is applied over these (ulptrace.sides)
                 # the reference's path stays applied while its modules define the semantics (until the stack closes)
                 run = _record_reference(cfg, ref_model, prompts, steps, reference_dir, say, stack)
                 observed, reference = run.pop("observation", None), run.pop("trace")
@@ -111,7 +113,7 @@ def _run(cfg: RunConfig, group: TP.Group, reference_dir: str | Path | None,
         prompts = torch.tensor(run["prompts"], dtype=torch.long, device=group.device)
         ref_tokens = torch.tensor(run["tokens"], dtype=torch.long, device=group.device)
 
-        with apply_path(cand, cfg.candidate) as applied:
+        with apply_candidate(before, cand, cfg.candidate) as (applied, _):
             say(f"streaming the {group.size}-way sharded candidate {cfg.candidate!r} against it")
             report = TP.parameter_report(cand, group, ref_model)
             sites = selected_sites(cand, cfg)
