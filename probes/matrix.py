@@ -202,7 +202,7 @@ def run_matrix(cfg: MatrixConfig, progress: Callable[[str], None] | None = None,
                 timing["reference_seconds"] += time.perf_counter() - t0
                 reference = Side(ref_model, run.reference, run.reference_mode, prompts, ref_gen, cache_len, ref_names)
                 for path in cfg.candidates:
-                    with apply_candidate(before, cand_model, path) as (_, cand_names):
+                    with apply_candidate(before, cand_model, path, names=True) as (_, cand_names):
                         for mode in cfg.modes:
                             for attempt in range(1, cfg.attempts(mode) + 1):
                                 if (path, mode, seed, batch, attempt) in done:

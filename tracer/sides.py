@@ -99,16 +99,18 @@ def _function(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def apply_candidate(before: SideNames | None, model: Any, path: str) -> Iterator[tuple[Any, SideNames | None]]:
+def apply_candidate(before: SideNames | None, model: Any, path: str, *, names: bool = False
+                    ) -> Iterator[tuple[Any, SideNames | None]]:
     """Apply ``path`` to ``model`` for the length of the context over the names ``before`` holds (taken before any
-    path was applied: another path's own assignments stay out of it). Yields its ``AppliedPath`` and its
-    :class:`SideNames`; ``before`` None (no other path applied in this process): ``apply_path``'s, and None."""
+    path was applied: another path's own assignments stay out of it). Yields its ``AppliedPath`` and, with ``names``
+    (a caller that runs the other side while this one is applied), its :class:`SideNames`, else None; ``before`` None
+    (no other path applied in this process): ``apply_path``'s, and None."""
     if before is None:
         with apply_path(model, path) as applied:
             yield applied, None
         return
     with before.entered(), apply_path(model, path) as applied:
-        yield applied, SideNames(model)
+        yield applied, SideNames(model) if names else None
 
 
 @contextlib.contextmanager
@@ -122,5 +124,5 @@ def apply_paths(reference_model: Any, reference: str, candidate_model: Any, cand
     before = SideNames(reference_model)
     with apply_path(reference_model, reference) as ref_applied:
         ref_names = SideNames(reference_model)
-        with apply_candidate(before, candidate_model, candidate) as (cand_applied, cand_names):
+        with apply_candidate(before, candidate_model, candidate, names=True) as (cand_applied, cand_names):
             yield ref_applied, cand_applied, ref_names, cand_names

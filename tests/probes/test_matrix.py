@@ -341,17 +341,21 @@ def test_a_stopped_matrix_resumed_equals_the_whole_run_and_another_grid_is_refus
         run_matrix(cfg(resume=older))
 
 
+def _divergent_rows(defect: str) -> list[dict]:
+    """The divergent rows of ``defect``'s matrix on tiny-llama (one seed, batch 2, eager), at least one."""
+    cfg = MatrixConfig(RunConfig(model="tiny-llama", prompt_len=16, new_tokens=4), candidates=[defect], seeds=[0],
+                       batches=[2], modes=["eager"])
+    rows = [r for r in run_matrix(cfg)["rows"] if not r["token_exact"]]
+    assert rows, "the defect flips some row"
+    return rows
+
+
 def test_a_kernel_installed_by_name_is_located_on_its_own_side(monkeypatch) -> None:
     """Locating re-runs the reference while the candidate's path is applied: a kernel installed by assigning a name
     the modeling module's code looks up must not run there too (``ulptrace.sides``) — before, every divergent row of
     such a candidate read "no record differs"."""
     monkeypatch.syspath_prepend(str(HERE))
-    defect = "generation_candidates:rope_reversed_at_decode_by_name"
-    cfg = MatrixConfig(RunConfig(model="tiny-llama", prompt_len=16, new_tokens=4), candidates=[defect], seeds=[0],
-                       batches=[2], modes=["eager"])
-    rows = [r for r in run_matrix(cfg)["rows"] if not r["token_exact"]]
-    assert rows, "the defect flips some row"
-    for row in rows:
+    for row in _divergent_rows("generation_candidates:rope_reversed_at_decode_by_name"):
         assert (row["onset"]["site"], row["onset"]["step"], row["onset"]["verdict"]) == \
             ("layers.0.self_attn.q_rope", 1, "error"), row
 
@@ -361,10 +365,5 @@ def test_the_oracle_judges_with_its_own_arithmetic_not_a_candidate_s(monkeypatch
     rules call ``torch.rsqrt`` too, and judging with the candidate's read the defect as a tie ("no onset"); the
     judge puts the reference's names back while it judges (``OracleJudge.replayed``)."""
     monkeypatch.syspath_prepend(str(HERE))
-    defect = "generation_candidates:rsqrt_scaled_at_decode"
-    cfg = MatrixConfig(RunConfig(model="tiny-llama", prompt_len=16, new_tokens=4), candidates=[defect], seeds=[0],
-                       batches=[2], modes=["eager"])
-    rows = [r for r in run_matrix(cfg)["rows"] if not r["token_exact"]]
-    assert rows, "the defect flips some row"
-    for row in rows:
+    for row in _divergent_rows("generation_candidates:rsqrt_scaled_at_decode"):
         assert (row["onset"]["site"], row["onset"]["verdict"]) == ("layers.0.input_layernorm", "error"), row
