@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
-from ulptrace.masks import STRUCTURAL_INPUTS, not_hidden, same_meaning_pair
+from ulptrace.masks import MASK, STRUCTURAL_INPUTS, not_hidden, same_meaning_pair, visibility_pair
 from ulptrace.oracle.judge import WORSE_THAN_TIE, explained_share
 from ulptrace.record import LIVE_BYTES
 from ulptrace.sites import ONE_CALL
@@ -56,7 +56,7 @@ from ulptrace.ulp import (
     same_bits,
 )
 
-ONSET_REASONS = ("unobserved", "mask", "verdict", "unjudged")
+ONSET_REASONS = ("mask", "unobserved", "verdict", "unjudged")
 COULD_NOT_JUDGE = "could_not_judge"
 """What ``Comparison.parity(allow=...)`` accepts besides verdict names: sites the oracle could not judge."""
 
@@ -242,6 +242,35 @@ def _keys_used(record: Record) -> int | None:
     return int(live.nonzero().max()) + 1 if bool(live.any()) else 0
 
 
+def _visibility_stats(reference: Record, candidate: Record
+                      ) -> tuple[Stats | None, dict[str, torch.Tensor], dict[str, torch.Tensor]] | None:
+    """Two attention records (trimmed: ``without_cache_padding_pair``) of which one holds keys the other does not,
+    visible to it (a kernel handed no mask over a static cache's padding, against a dynamic cache's live keys): the
+    mask's statistics compare what each side's attention lets through (``ulptrace.masks.visibility_pair``: a mask
+    left to the kernel read by HF's convention), and the inputs to compare with them: keys and values over the keys
+    both hold (the longer side's extra keys are the mask's difference, not theirs). None for records without keys,
+    for keys of one length (a mask one side leaves to the kernel there is no evidence: the kernel may be given its
+    masking otherwise, e.g. a sliding window) and where either mask has no plain visibility (the keys' shapes are
+    then named as they are)."""
+    r_in, c_in = reference.inputs, candidate.inputs
+    if "key" not in r_in or "key" not in c_in or "query" not in r_in or "query" not in c_in:
+        return None
+    r_key, c_key = r_in["key"], c_in["key"]
+    if r_key.dim() < 2 or c_key.dim() < 2 or r_in["query"].dim() < 2 or c_in["query"].dim() < 2:
+        return None
+    r_keys, c_keys = r_key.shape[-2], c_key.shape[-2]
+    if r_keys == c_keys:
+        return None
+    pair = visibility_pair((r_in.get(MASK), r_in["query"].shape[-2], r_keys),
+                           (c_in.get(MASK), c_in["query"].shape[-2], c_keys), r_key.device)
+    if pair is None:
+        return None
+    shared = min(r_keys, c_keys)
+    r_in = {**r_in, **{role: r_in[role][..., :shared, :] for role in ("key", "value") if role in r_in}}
+    c_in = {**c_in, **{role: c_in[role][..., :shared, :] for role in ("key", "value") if role in c_in}}
+    return _stats(*pair, False), r_in, c_in
+
+
 def diff_records(reference: Record, candidate: Record, judge: SiteJudge | None = None) -> SiteDiff | dict:
     """A ``SiteDiff`` for two records of the same (site, step), or a mismatch dict (shape/dtype)."""
     pending = start_diff(reference, candidate, judge)
@@ -318,8 +347,13 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
     # statistics where the candidate's record was produced, started without waiting for the device
     inputs: dict[str, Stats | None] = {}
     reshaped: dict[str, list[list[int]]] = {}
-    candidate_inputs = candidate.inputs
-    for role, r_in in reference.inputs.items():
+    reference_inputs, candidate_inputs = reference.inputs, candidate.inputs
+    visibility = _visibility_stats(reference, candidate)
+    if visibility is not None:  # one side sees keys the other does not hold
+        inputs[MASK], reference_inputs, candidate_inputs = visibility
+    for role, r_in in reference_inputs.items():
+        if role in inputs:
+            continue
         c_in = candidate_inputs.get(role)
         if role in STRUCTURAL_INPUTS and c_in is not None and (c_in.dtype != r_in.dtype or c_in.shape != r_in.shape):
             # a mask encoded or shaped otherwise (bool / additive, broadcast): compared by what it lets through
@@ -481,15 +515,16 @@ class Comparison:
         """Every record that introduced a difference of its own, in execution order, with the reason
         (one of ``ONSET_REASONS``; where several apply to one record, the first in that order):
 
+        - ``"mask"``: its attention mask lets other keys through than the reference's (compared by meaning,
+          ``ulptrace.masks``: a mask left to the kernel read by HF's convention, keys one side does not hold
+          hidden on it), whatever came before: a mask is built from positions and lengths, not from values,
+          so no rounding upstream explains it — and the oracle judges the record with its own mask, so its verdict
+          alone would not show it;
         - ``"unobserved"`` (at most one): the first record whose output differs, when its recorded inputs
           already differ although every earlier record is bitwise equal — the divergence began in code
           between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows;
           so even where this record's own verdict is worse than ``tie`` too (a NaN or infinity written into a
           cached key makes the attention's semantics on its inputs non-finite), the divergence began before it;
-        - ``"mask"``: its attention mask lets other keys through than the reference's (compared by meaning,
-          ``ulptrace.masks``), whatever came before: a mask is built from positions and lengths, not from values,
-          so no rounding upstream explains it — and the oracle judges the record with its own mask, so its verdict
-          alone would not show it;
         - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
         - ``"unjudged"``: no verdicts (no oracle semantics, or the oracle could not judge it), the output
           differs by more than ``max_ulp`` and every recorded input is bitwise equal; a record with no
@@ -504,10 +539,10 @@ class Comparison:
         clean_steps: dict[int, bool] = {}  # step -> every record so far in it is equal, outputs and inputs
         for d in self.sites:
             step_clean = clean_steps.get(d.step, True)
-            if complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
-                yield d, "unobserved"
-            elif any(d.input_delta.get(role) for role in STRUCTURAL_INPUTS):
+            if any(d.input_delta.get(role) for role in STRUCTURAL_INPUTS):
                 yield d, "mask"
+            elif complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
+                yield d, "unobserved"
             elif d.own_error:
                 yield d, "verdict"
             elif d.verdicts is None and not d.bitwise_equal and (d.max_ulp is None or d.max_ulp > self.max_ulp) \

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-STRUCTURAL_INPUTS = ("attention_mask",)  # recorded inputs that are masks, not activations
+MASK = "attention_mask"  # an attention record's mask, by its recorded role
+STRUCTURAL_INPUTS = (MASK,)  # recorded inputs that are masks, not activations
 
 
 def not_hidden(mask: torch.Tensor) -> torch.Tensor:
@@ -37,14 +38,49 @@ def visible(mask: torch.Tensor) -> torch.Tensor | None:
 def same_meaning_pair(reference: torch.Tensor, candidate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The visibility of two masks encoded or shaped otherwise (broadcast to one shape, on the reference's device),
     to compare; None when either has no plain visibility or their shapes do not broadcast."""
-    ref, cand = visible(reference), visible(candidate)
+    ref = visible(reference)
+    return _broadcast_pair(ref, visible(candidate), None if ref is None else ref.device)
+
+
+def _broadcast_pair(ref: torch.Tensor | None, cand: torch.Tensor | None, device: torch.device | None
+                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two visibilities broadcast to one shape on ``device``; None where either is None or they do not broadcast."""
     if ref is None or cand is None:
         return None
     try:
         shape = torch.broadcast_shapes(ref.shape, cand.shape)
     except RuntimeError:
         return None
-    return ref.expand(shape), cand.to(ref.device).expand(shape)
+    return ref.to(device).expand(shape), cand.to(device).expand(shape)
+
+
+def key_visibility(mask: torch.Tensor | None, queries: int, keys: int, width: int,
+                   device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """Which of ``width`` key positions each query of an attention record sees, as a bool tensor ``[..., q, width]``
+    (a mask's broadcast dimensions kept): ``mask``'s visibility over the record's ``keys`` keys, or, for none — a mask
+    left to the kernel — HF's convention for it (SDPA's ``is_causal``: causal, top-left aligned, for a multi-token
+    query; every key for one); positions at or past ``keys`` (keys this record does not hold) are hidden. None where
+    ``mask`` has no plain visibility or does not span the keys. ``device``: where a visibility without a mask is made."""
+    if mask is None:
+        seen = torch.ones(queries, keys, dtype=torch.bool, device=device)
+        if queries > 1:
+            seen = seen.tril()
+    else:
+        seen = visible(mask)
+        if seen is None or seen.shape[-1] != keys:
+            return None
+    if width > keys:
+        seen = torch.cat([seen, seen.new_zeros(*seen.shape[:-1], width - keys)], dim=-1)
+    return seen
+
+
+def visibility_pair(reference: tuple[torch.Tensor | None, int, int], candidate: tuple[torch.Tensor | None, int, int],
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`key_visibility` of two attention records, each given as ``(mask, queries, keys)``, over the keys either
+    holds and broadcast to one shape on ``device``, to compare by meaning; None where either has no plain visibility
+    or the two do not broadcast."""
+    width = max(reference[2], candidate[2])
+    return _broadcast_pair(key_visibility(*reference, width, device), key_visibility(*candidate, width, device), device)
 
 
 def encoded_like(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:

@@ -385,6 +385,37 @@ def mask_always_explicit(model):
     return _mask_builder(model, allow_is_causal_skip=False)
 
 
+def _own_attention(model, name: str, with_masks: bool):
+    """Switch the model to HF's SDPA function registered under a name of its own (``AttentionInterface``), with a mask
+    function for it (``AttentionMaskInterface``) or without one."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(name, sdpa_attention_forward)
+    if with_masks:
+        AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping["sdpa"])
+    before = model.config._attn_implementation
+    model.config._attn_implementation = name
+
+    def undo():
+        model.config._attn_implementation = before
+
+    return undo
+
+
+def attention_registered_without_masks(model):
+    """Defect with a static cache: an attention function registered without a mask function is handed no mask by
+    transformers, so at decode its one query sees the static cache's zero padding too (a dynamic cache holds only
+    live keys: no difference there)."""
+    return _own_attention(model, "ulptrace_tests_no_masks", with_masks=False)
+
+
+def attention_registered_with_masks(model):
+    """Valid variant of :func:`attention_registered_without_masks`: the same function with SDPA's mask function
+    registered for it, so it is handed the static cache's mask."""
+    return _own_attention(model, "ulptrace_tests_with_masks", with_masks=True)
+
+
 def down_proj_fp32_into_residual(model):
     """Valid variant, a deliberate boundary: down_proj's FP32 result goes into the residual add unrounded and the sum
     is rounded once (a GEMM with a fused residual epilogue) — the next site receives an FP32 value where HF hands

@@ -229,9 +229,10 @@ def test_masks_encoded_otherwise_are_compared_by_what_they_let_through(tmp_path,
     wrong = _onset(tmp_path, monkeypatch, "candidates:mask_sees_next_token", *eager)
     core = _first_core(wrong)
     assert core["input_delta"]["attention_mask"] > 0 and core["could_not_judge"] is None
+    # the mask is the reason, also where every earlier record is equal (``unobserved`` would apply too)
     assert wrong["onset"] == {"step": 0, "site": core["site"], "kind": "attention", "layer": core["layer"],
-                              "reason": "unobserved"}
-    assert "unobserved" in {f["kind"] for f in wrong["parity"]["failures"]}
+                              "reason": "mask"}
+    assert "mask" in {f["kind"] for f in wrong["parity"]["failures"]}
 
     right = _onset(tmp_path, monkeypatch, "candidates:mask_always_explicit", *eager)
     core = _first_core(right)
@@ -414,3 +415,26 @@ def test_a_mask_that_differs_after_other_records_differ_is_a_mask_onset(tmp_path
     twin = _onset(tmp_path, monkeypatch, "candidates:mask_always_explicit", "--model", "tiny-qwen3.5",
                   "--reference", "hf:attn=eager")
     assert {f["kind"] for f in twin["parity"]["failures"]} == {"boundary"}
+
+
+@pytest.mark.parametrize("model, site", [("tiny-llama", "layers.0.self_attn.core"),
+                                         ("tiny-qwen3.5", "layers.1.self_attn.core")])
+def test_attention_handed_no_mask_over_a_static_cache_is_a_mask_onset(tmp_path, monkeypatch, model, site) -> None:
+    """Found by an audit: an attention function registered without a mask function (transformers hands it none) over
+    a static cache attends to the zero padding at decode. Against HF's dynamic cache the keys' lengths differ, which
+    read as ``unobserved`` (code no site observes); it is the mask: which keys the attention lets through. The same
+    function with a mask function registered for it is at parity."""
+    data = _onset(tmp_path, monkeypatch, "candidates:attention_registered_without_masks", "--model", model,
+                  "--candidate-mode", "static")
+    assert data["onset"] == {"step": 1, "site": site, "kind": "attention", "layer": int(site.split(".")[1]),
+                             "reason": "mask"}
+    core = next(s for s in data["sites"] if s["site"] == site and s["step"] == 1)
+    assert core["input_delta"]["attention_mask"] == 1 and core["input_shapes"] == {}
+    assert core["input_delta"]["key"] == core["input_delta"]["value"] == core["input_delta"]["query"] == 0
+    prefill = next(s for s in data["sites"] if s["site"] == site and s["step"] == 0)
+    assert prefill["bitwise_equal"] and "attention_mask" not in prefill["input_delta"]
+    failures = {f["kind"]: f for f in data["parity"]["failures"]}
+    assert "mask" in failures and "unobserved" not in failures
+    twin = _onset(tmp_path, monkeypatch, "candidates:attention_registered_with_masks", "--model", model,
+                  "--candidate-mode", "static")
+    assert twin["onset"] is None and twin["parity"]["ok"], twin["parity"]

@@ -48,3 +48,32 @@ def test_a_candidate_mask_is_written_in_the_reference_encoding() -> None:
     biased[2, 0] = -0.5
     assert encoded_like(CAUSAL, biased) is None and encoded_like(biased, CAUSAL) is None
     assert encoded_like(CAUSAL[None, None], torch.zeros(1, 1, 3, 4, dtype=torch.bfloat16)) is None
+
+
+def test_key_visibility_of_a_mask_left_to_the_kernel_follows_sdpas_is_causal() -> None:
+    """No mask: causal top-left for a multi-token query, every key for one; keys past those held are hidden."""
+    from ulptrace.masks import key_visibility
+
+    assert torch.equal(key_visibility(None, 3, 3, 3), CAUSAL)
+    assert torch.equal(key_visibility(None, 1, 3, 5), torch.tensor([[True, True, True, False, False]]))
+    two_of_four = torch.tensor([[True, False, False, False], [True, True, False, False]])
+    assert torch.equal(key_visibility(None, 2, 4, 4), two_of_four)
+    padded = _additive(torch.tensor([True, True, False]))[None, None, None]  # [1, 1, 1, 3], additive
+    assert torch.equal(key_visibility(padded, 1, 3, 4), torch.tensor([True, True, False, False]).view(1, 1, 1, 4))
+    assert key_visibility(padded, 1, 4, 4) is None  # a mask that does not span the keys
+    biased = torch.zeros(1, 1, 1, 3, dtype=torch.bfloat16)
+    biased[..., 0] = -0.5
+    assert key_visibility(biased, 1, 3, 3) is None  # an additive bias: no plain visibility
+
+
+def test_visibility_pair_compares_sides_that_hold_other_keys() -> None:
+    from ulptrace.masks import visibility_pair
+
+    # a kernel handed no mask over a static cache of 5 slots, 3 live, against a dynamic cache's 3 keys
+    ref, cand = visibility_pair((None, 1, 3), (None, 1, 5), torch.device("cpu"))
+    assert ref.shape == cand.shape == (1, 5) and int((ref != cand).sum()) == 2
+    # the same cache with its padding hidden by a mask: every query sees the same keys
+    live = torch.tensor([True] * 3 + [False] * 2).view(1, 1, 1, 5)
+    ref, cand = visibility_pair((_additive(torch.ones(1, 1, 1, 3, dtype=torch.bool)), 1, 3), (live, 1, 5),
+                                torch.device("cpu"))
+    assert ref.shape == (1, 1, 1, 5) and torch.equal(ref, cand)

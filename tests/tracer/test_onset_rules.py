@@ -100,6 +100,15 @@ def test_an_input_that_could_not_be_compared_is_no_evidence_of_unobserved_code()
     assert reasons(c) == []
 
 
+def test_a_mask_that_differs_is_the_reason_even_where_unobserved_applies_too() -> None:
+    """A mask is built from positions, not values: where it differs on the first differing record, that is the
+    reason, not code no site observes (a kernel handed no mask over a static cache's padding)."""
+    c = Comparison(sites=[site("a", inputs={"x": 0}, verdicts=judged()),
+                          site("core", kind="attention", equal=False, inputs={"query": 0, "key": 3, "attention_mask": 1}),
+                          site("o_proj", kind="linear", equal=False, inputs={"x": 9}, verdicts=judged(exact=6, tie=2))])
+    assert reasons(c) == [("core", 0, "mask")]
+
+
 # -- records without inputs (GatedDeltaNet states, the embedding) ---------------------------------
 
 def test_a_state_that_differs_after_an_equal_step_is_an_onset() -> None:

@@ -149,6 +149,36 @@ def test_two_records_are_trimmed_to_one_length() -> None:
     assert ref.inputs["key"].shape[-2] == cand.inputs["key"].shape[-2] == 6
 
 
+def test_attention_over_keys_the_other_side_does_not_hold_is_a_mask_difference() -> None:
+    """Found by an audit: transformers hands an attention function registered without a mask function no mask, also
+    over a static cache's padding. Against a dynamic cache's live keys that read as an ``unobserved`` onset (keys of
+    another shape); what differs is which keys the attention lets through: the mask's delta, keys and values compared
+    over the keys both hold. A mask that hides the padding is trimmed away instead, and one with no plain visibility
+    leaves the keys' shapes named as they are."""
+    from ulptrace.comparison import Comparison, diff_records
+
+    q, k, v = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    pad = torch.zeros(1, 2, 2, 4)
+    kp, vp = torch.cat([k, pad], dim=2), torch.cat([v, pad], dim=2)
+    out = torch.randn(1, 2, 1, 4)
+    reference = Record("core", 1, "attention", 0, out, {"query": q, "key": k, "value": v})
+    blind = Record("core", 1, "attention", 0, out * 0.5, {"query": q, "key": kp, "value": vp})
+    d = diff_records(reference, blind)
+    assert d.input_delta == {"attention_mask": 1, "query": 0, "key": 0, "value": 0} and d.input_shapes == {}
+    assert [(x.site, r) for x, r in Comparison(sites=[d]).onsets()] == [("core", "mask")]
+    changed = Record("core", 1, "attention", 0, out * 0.5, {"query": q, "key": kp * 2, "value": vp})
+    assert diff_records(reference, changed).input_delta["key"] > 0  # the keys both hold are still compared
+    live = torch.tensor([True] * 3 + [False] * 2).view(1, 1, 1, 5)
+    hidden = Record("core", 1, "attention", 0, out, {"query": q, "key": kp, "value": vp, "attention_mask": live})
+    d = diff_records(reference, hidden)
+    assert d.bitwise_equal and d.input_delta == {"query": 0, "key": 0, "value": 0}
+    bias = torch.zeros(1, 1, 1, 5)
+    bias[..., 0] = -0.5
+    biased = Record("core", 1, "attention", 0, out, {"query": q, "key": kp, "value": vp, "attention_mask": bias})
+    d = diff_records(reference, biased)
+    assert d.input_shapes == {"key": [[1, 2, 3, 4], [1, 2, 5, 4]], "value": [[1, 2, 3, 4], [1, 2, 5, 4]]}
+
+
 def test_graph_mode_without_cuda_exits_2_with_one_line(capsys) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the refusal is for machines without it")
