@@ -10,8 +10,9 @@ tokens would have flipped. Each side runs in its own mode (``eager``, ``static``
 ``ulptrace.run``), so a static cache or CUDA-graph replay can be traced against HF's default.
 
 With ``RunConfig.concurrent`` the reference runs in a process of its own while the candidate runs
-(``ulptrace.concurrent``): ``True`` always; ``"auto"`` (the CLI's default) from the start for a model large enough
-on a CUDA device (``ulptrace.concurrent.from_start``: the run info's ``concurrent_from_start`` says why), else only
+(``ulptrace.concurrent``): ``True`` always; ``"split"``, the candidate too, in a process of its own, this one only
+comparing; ``"auto"`` (the CLI's default) as ``"split"`` from the start for a model large enough on a CUDA device
+(``ulptrace.concurrent.from_start``: the run info's ``concurrent_from_start`` says why), else only
 once the reference, kept in this process, is forecast to outgrow its share of the GPU's memory (``MemorySink``'s
 ``auto``, ``RecordForecast``: from the prompt's first layer, or from a decode step) or has outgrown it: a long
 prompt's reference would go to host memory, which is slow and large, so the onset stops and starts again streaming
@@ -82,7 +83,7 @@ def _run_onset(cfg: RunConfig, reference_dir: str | Path | None, say: Callable[[
     why = from_start(cfg) if reference_dir is None else None
     if why is not None:
         say(why)
-        comparison, info = _run_concurrent(replace(cfg, concurrent=True), say, bar, started)
+        comparison, info = _run_split(replace(cfg, concurrent="split"), say, bar, started)
         info["concurrent_from_start"] = why
         return comparison, info
     drop_reference()  # a reference process started for this run (ulptrace.spawning) that it does not take

@@ -396,17 +396,17 @@ def _inputs_note(reference: dict[str, Any], candidate: dict[str, Any], differenc
 
 def start_onset_reference(args: argparse.Namespace) -> None:
     """At the command's first line, before torch is imported here: start the side processes of an onset that runs
-    its reference in a process of its own (``--concurrent``; by default, from the start for a large model on CUDA:
-    ``ulptrace.spawning.beside_from_start``) — and its candidate's too under ``--concurrent split`` — so that their
+    its reference in a process of its own (``--concurrent``) — and its candidate's too under ``--concurrent split``
+    and by default, from the start for a large model on CUDA (``ulptrace.spawning.beside_from_start``) — so that their
     imports overlap this process's instead of following them (``ulptrace.spawning``)."""
     from ulptrace.spawning import ROLES, beside_from_start, start_reference
 
     if args.tp is not None or args.reference_memory != "auto":  # refused, or kept here (cmd_onset, RunConfig)
         return
-    if args.concurrent == "split":
-        start_reference(args.model, args.device, HF_VERBOSITY, ROLES)
-    elif args.concurrent is True or (args.concurrent is None and beside_from_start(
+    if args.concurrent == "split" or (args.concurrent is None and beside_from_start(
             args.model, args.device, args.dtype, "auto", args.reference_memory) is not None):
+        start_reference(args.model, args.device, HF_VERBOSITY, ROLES)
+    elif args.concurrent is True:
         start_reference(args.model, args.device, HF_VERBOSITY)
 
 

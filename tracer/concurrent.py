@@ -165,14 +165,15 @@ class _Shipper:
 
 
 def from_start(cfg: Any) -> str | None:
-    """Why the onset of ``cfg`` (a ``RunConfig``) runs its reference in a process of its own from the start under
+    """Why the onset of ``cfg`` (a ``RunConfig``) runs each side in a process of its own from the start under
     ``concurrent="auto"``, the command's default (``ulptrace.spawning.beside_from_start``: where and why); None where
     it does not."""
     size = beside_from_start(cfg.model, cfg.device, cfg.dtype, cfg.concurrent, cfg.reference_memory)
     if size is None:
         return None
-    return (f"a model of {size / 2**30:.2f} GiB of weights on {cfg.device} (>= {FROM_START_BYTES >> 20} MiB): the "
-            "reference runs in a process of its own from the start (--no-concurrent: one side after the other here)")
+    return (f"a model of {size / 2**30:.2f} GiB of weights on {cfg.device} (>= {FROM_START_BYTES >> 20} MiB): each "
+            "side runs in a process of its own from the start, this one comparing (--concurrent: the candidate here; "
+            "--no-concurrent: one side after the other here)")
 
 
 def serve(commands: Any, out: Any, acks: Any) -> None:
@@ -303,7 +304,7 @@ class _Worker:
 
     def stop(self, *, idle: bool = False) -> None:
         """End the process: an ``idle`` one is asked to (it leaves its loop and exits as a process does), one in a run
-        or past a failure is killed."""
+        or past a failure is killed (:func:`shutdown` ends many so at once)."""
         end_processes([self.process], [self.commands, self.messages, self.acks], ask=[self.commands] if idle else None)
         self.shipped = None
 
@@ -330,10 +331,15 @@ def _take_worker(cfg: Any, role: str = "reference") -> _Worker:
 
 
 def shutdown() -> None:
-    """Stop the reference process kept for the next ``onset --concurrent`` (it holds its model's memory while it
-    waits); also done when this process exits."""
-    while _IDLE:
-        _IDLE.popitem()[1].stop(idle=True)
+    """Stop the processes kept for the next concurrent onset (each holds its model's memory while it waits); also done
+    when this process exits. All are asked at once, then waited for: each one's exit (its CUDA context's teardown)
+    runs beside the others'."""
+    workers = list(_IDLE.values())
+    _IDLE.clear()
+    end_processes([w.process for w in workers], [q for w in workers for q in (w.commands, w.messages, w.acks)],
+                  ask=[w.commands for w in workers])
+    for worker in workers:
+        worker.shipped = None
 
 
 atexit.register(shutdown)

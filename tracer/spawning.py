@@ -29,18 +29,20 @@ FROM_START_BYTES = 512 << 20
 
 
 def beside_from_start(model: str, device: str, dtype: str, concurrent: Any, reference_memory: str) -> int | None:
-    """The weights' bytes of an onset whose reference runs in a process of its own from the start under
-    ``concurrent="auto"`` (the command's default); None where it does not (its two sides then run one after the other
-    here, switching only if the reference's records are forecast to outgrow their GPU share). Torch-free: the command
-    asks it at its first line, to start that process (:func:`start_reference`), and the onset asks it again.
+    """The weights' bytes of an onset whose sides run in processes of their own from the start under
+    ``concurrent="auto"`` (the command's default: as ``concurrent="split"``, this process comparing only); None where
+    they do not (its two sides then run one after the other here, switching only if the reference's records are
+    forecast to outgrow their GPU share). Torch-free: the command asks it at its first line, to start those processes
+    (:func:`start_reference`), and the onset asks it again.
 
     Where: a CUDA device, the reference's records kept as ``auto`` keeps them, and a model of ``FROM_START_BYTES`` of
     weights or more (``ulptrace.catalog.weight_bytes``). Measured on the H200 (``bench/RESULTS.md``, twenty-fifth and
-    twenty-sixth rounds): the process, started at the command's first line, is ready 3-7 s before this side has
-    built the 0.8B shape, so its start-up costs a command nothing measurable (the CLI's default workload with the
-    oracle, one command each: 24.6 s against 25.6 s one side after the other, four rounds), and the two sides then run
-    at once (P1's workload 1.31x the untraced pair against 2.30x). A model built in a moment would wait for that
-    start-up, and a CPU has no cores to spare for it."""
+    twenty-sixth rounds): a process started at the command's first line is ready 3-7 s before this side has built the
+    0.8B shape, so its start-up costs a command nothing measurable (the CLI's default workload with the oracle, one
+    command each: 24.6 s against 25.6 s one side after the other, four rounds), and the two sides then run at once
+    (P1's workload 1.31x the untraced pair against 2.30x); with the candidate in a process of its own too, this one
+    only comparing, 1.37-1.42x against 1.58x with the candidate here, on one H100 the same minutes (thirty-seventh
+    round). A model built in a moment would wait for that start-up, and a CPU has no cores to spare for it."""
     from ulptrace.catalog import weight_bytes
 
     if concurrent != "auto" or reference_memory != "auto" or not device.startswith("cuda"):

@@ -822,9 +822,9 @@ def test_the_command_starts_the_reference_process_at_its_first_line_where_the_on
     except (_Seen, SystemExit):
         pass
     assert bool(calls) is started, calls
-    if started:
+    if started:  # both sides' processes for a split onset: asked for, or the default's choice
         assert calls[0][:2] == (flags[1], flags[3])
-        assert calls[0][3:] == ((("reference", "candidate"),) if flags[-1] == "split" else ())
+        assert calls[0][3:] == (() if flags[-1] == "--concurrent" else (("reference", "candidate"),))
 
 
 def test_the_command_starts_the_reference_process_before_it_imports_torch_and_the_onset_takes_it(tmp_path) -> None:
@@ -933,8 +933,31 @@ def test_the_commands_default_on_a_large_model_on_cuda_runs_the_reference_beside
         reports[name] = json.loads(out.read_text())
     run = reports["default"]["run"]
     assert "of weights on cuda" in run["concurrent_from_start"] and run["reference_process"]["run_in_process"] == 1
+    assert run["candidate_process"]["pid"] not in (run["reference_process"]["pid"], None)  # split: both sides
     assert "reference_process" not in reports["no-concurrent"]["run"]
     assert _essentials(reports["default"]) == _essentials(reports["no-concurrent"])
+
+
+def test_where_the_default_runs_beside_from_the_start_each_side_runs_in_a_process_of_its_own(monkeypatch) -> None:
+    """The default's choice for a large model on CUDA (``beside_from_start``, made to hold here on the CPU): the split
+    onset — the reference and the candidate each in a process of its own, this one comparing — said in the run info,
+    with the sequential onset's report; asked for, ``--concurrent`` keeps the candidate here."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "beside_from_start", lambda *args: 1 << 30)
+    cfg = RunConfig(model="tiny-llama", candidate="fault:layers.1.mlp.glu@1+2", oracle=True, concurrent="auto",
+                    **SMALL)
+    try:
+        comparison, info = run_onset(cfg)
+        assert "each side runs in a process of its own" in info["concurrent_from_start"]
+        assert info["candidate_process"]["pid"] != info["reference_process"]["pid"]
+        sequential, _ = run_onset(replace(cfg, concurrent=False))
+        assert comparison.onset_with_reason()[1] == "verdict"
+        assert [d.to_json() for d in comparison.sites] == [d.to_json() for d in sequential.sites]
+        _, beside = run_onset(replace(cfg, concurrent=True))
+        assert "candidate_process" not in beside and "concurrent_from_start" not in beside
+    finally:
+        shutdown()
 
 
 def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_they_came() -> None:
