@@ -753,9 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "at once; no gain on a CPU. --concurrent split: the candidate too is recorded in a process of "
                         "its own and this one only compares (three processes). Default: split from the start for a "
                         "model of 512 MiB of weights or more on CUDA (the processes start at the command's first "
-                        "line, while this one builds the model), else the reference alone only once the reference's records, kept in this process, "
-                        "are forecast to outgrow their share of the GPU's memory (a long prompt's, from its first "
-                        "layer: the onset then starts again this way) (README)")
+                        "line, while this one builds the model), else the reference alone, only once its records, "
+                        "kept in this process, are forecast to outgrow their share of the GPU's memory (a long "
+                        "prompt's, from its first layer: the onset then starts again this way) (README)")
     p.add_argument("--no-concurrent", dest="concurrent", action="store_const", const=False,
                    help="never run the reference in a process of its own")
     p.add_argument("--judge-workers", type=int, default=0, metavar="N",

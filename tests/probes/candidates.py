@@ -390,10 +390,11 @@ def _own_attention(model, name: str, with_masks: bool):
     function for it (``AttentionMaskInterface``) or without one."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
 
     AttentionInterface.register(name, sdpa_attention_forward)
     if with_masks:
-        AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping["sdpa"])
+        AttentionMaskInterface.register(name, sdpa_mask)
     before = model.config._attn_implementation
     model.config._attn_implementation = name
 
