@@ -218,6 +218,9 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
                       "reference_peak_bytes": process["peak_gpu_bytes"] or 0,
                       # a split onset's candidate process (concurrent="split"): its peak counts too
                       "candidate_peak_bytes": (info.get("candidate_process") or {}).get("peak_gpu_bytes") or 0,
+                      # the most bytes each side process had shipped and this one not let go (an older package: None)
+                      "most_in_flight_bytes": {role: (info.get(f"{role}_process") or {}).get("most_in_flight_bytes")
+                                               for role in ("reference", "candidate")},
                       "reference_start_up_s": {k.removesuffix("_at"): v - start["spawned_at"] for k, v in start.items()
                                                if k.endswith("_at") and k != "spawned_at"},
                       "reference_model_shipped": start.get("model_shipped"),
@@ -387,6 +390,9 @@ def main() -> None:
     p.add_argument("--part-mib", type=int, metavar="MIB",
                    help="with --concurrent: the reference ships a step's records in parts of this size "
                         "(ulptrace.concurrent.PART_BYTES, default its own)")
+    p.add_argument("--flight-mib", type=int, metavar="MIB",
+                   help="with --concurrent: each side process ships more only while what it has in flight (shipped, "
+                        "not let go here) stays within this (ulptrace.concurrent.FLIGHT_BYTES, default its own)")
     p.add_argument("--compare-nothing", action="store_true",
                    help="an experiment, not a measure of the tool: this side's streaming comparison only takes the "
                         "reference's records and drops them with its own (no statistics, an empty report) — what the "
@@ -413,6 +419,13 @@ def main() -> None:
         from ulptrace import concurrent
 
         concurrent.PART_BYTES = args.part_mib << 20  # read by ReferenceProcess.start, sent with each run
+    if args.flight_mib is not None:
+        if args.flight_mib < 1 or not args.concurrent:
+            p.error(f"--flight-mib takes a size >= 1 with --concurrent, but got {args.flight_mib}"
+                    f"{'' if args.concurrent else ' without --concurrent'}")
+        from ulptrace import concurrent
+
+        concurrent.FLIGHT_BYTES = args.flight_mib << 20  # read by ReferenceProcess.start, sent with each run
     if args.compare_nothing:
         if args.reports or args.reports_only:
             p.error("--compare-nothing makes empty reports: it takes no --reports")
@@ -439,7 +452,8 @@ def main() -> None:
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
                               "host_malloc": host_malloc,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
-                              "part_mib": args.part_mib, "compare_nothing": args.compare_nothing,
+                              "part_mib": args.part_mib, "flight_mib": args.flight_mib,
+                              "compare_nothing": args.compare_nothing,
                               "judge_workers": args.judge_workers,
                               "workload": {"prompts": args.prompts, "prompt_len": args.prompt_len,
                                            "new_tokens": args.new_tokens},
@@ -545,6 +559,7 @@ def main() -> None:
             out["P5"].update(untraced_side_by_side_peak_bytes=both, ratio_side_by_side=peak / both,
                              reference_process_peak_bytes=process["reference_peak_bytes"],  # the rest: this process's
                              candidate_process_peak_bytes=process["candidate_peak_bytes"],  # (split; else 0)
+                             most_in_flight_bytes=process["most_in_flight_bytes"],
                              switched_to_concurrent=process["switched_to_concurrent"],
                              peak_before_switch_bytes=process["peak_before_switch_bytes"])
             side = f"; untraced side by side {both / 2**30:.2f} GiB: {peak / both:.2f}x"

@@ -46,6 +46,7 @@ import atexit
 import collections
 import math
 import os
+import queue as queue_module
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -68,6 +69,7 @@ from ulptrace.processes import (
     note_unsent,
     pack,
     parent_get,
+    parent_gone,
     pickled_error,
     prepare_imports,
     received_model,
@@ -94,6 +96,9 @@ PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this si
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
 WAITING_BYTES = 2 * PART_BYTES  # arenas read here and waiting for the device to pass them, at most (RemoteTrace)
+# a side process's bytes shipped and not yet let go here, at most (spawning.InFlight: more are shipped only when
+# nothing is in flight or this side waits for a message): with a part being written there, about this and a part
+FLIGHT_BYTES = 3 * PART_BYTES
 
 
 class _Shipper:
@@ -101,9 +106,12 @@ class _Shipper:
     ``PART_BYTES``, then shipped at once (a long prompt's prefill in parts: what waits in either process is bounded
     by the part size and ``AHEAD``, not by the step)."""
 
-    def __init__(self, out: Any, part_bytes: int = 0, live_bytes: int = 0, acks: Any = None) -> None:
+    def __init__(self, out: Any, part_bytes: int = 0, live_bytes: int = 0, acks: Any = None, flight: Any = None,
+                 flight_bytes: int = 0) -> None:
         self.out = out
         self.part_bytes = part_bytes or PART_BYTES
+        # the bytes in flight and their budget (spawning.InFlight; None: bounded by the queue's AHEAD messages only)
+        self.flight, self.flight_bytes = flight, flight_bytes or FLIGHT_BYTES
         self.acks = acks  # where the other side says it has read a live value (None: every value is copied)
         if acks is not None:
             self.live_bytes = live_bytes or LIVE_BYTES  # Sink.live_bytes, read by the recorder
@@ -111,9 +119,11 @@ class _Shipper:
         self._written = Arenas()  # the recorder's copies, made where they are shipped from (Sink.copy_value)
         self._bytes = 0
         self._seen: set[int] = set()  # ids of the tensors counted in _bytes (a shared input counts once)
-        # where this process's shipping time went: packing the arenas, handing them to the queue (which waits while
-        # AHEAD messages are not yet taken: the candidate's side is then the slower one), waiting for live reads
-        self.seconds = {"pack_s": 0.0, "put_s": 0.0, "live_wait_s": 0.0}
+        # where this process's shipping time went: packing the arenas, waiting for the bytes in flight to come within
+        # their budget, handing them to the queue (which waits while AHEAD messages are not yet taken: the other
+        # side is then the slower one), waiting for live reads; the most bytes in flight after a message was shipped
+        self.seconds = {"pack_s": 0.0, "flight_wait_s": 0.0, "put_s": 0.0, "live_wait_s": 0.0}
+        self.most_in_flight = 0
         self.sent: list[tuple[int, float, float]] = []  # each message: (its step, when packing began, when handed on)
 
     def set_metadata(self, metadata: dict[str, Any]) -> None:
@@ -157,10 +167,18 @@ class _Shipper:
         metas = record_metas(self.records, specs)
         self.records, self._bytes, self._seen = [], 0, set()
         t1 = time.perf_counter()
-        child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
+        if self.flight is not None:
+            nbytes = sum(a.nbytes for a in arenas if a is not None)
+            self.seconds["flight_wait_s"] += self.flight.wait_to_ship(nbytes, self.flight_bytes, _orphaned)
+            if any(a is not None and a.is_cuda for a in arenas):
+                torch.cuda.ipc_collect()  # what the parent let go meanwhile: its memory reused by the next arenas
+            self.flight.shipped(nbytes)
+            self.most_in_flight = max(self.most_in_flight, self.flight.bytes)
         t2 = time.perf_counter()
+        child_put(self.out, ("step", step, None if token is None else specs[id(token)], arenas, metas, live))
+        t3 = time.perf_counter()
         self.seconds["pack_s"] += t1 - t0
-        self.seconds["put_s"] += t2 - t1
+        self.seconds["put_s"] += t3 - t2
         self.sent.append((step, t0, t2))
 
 
@@ -176,7 +194,13 @@ def from_start(cfg: Any) -> str | None:
             "--no-concurrent: one side after the other here)")
 
 
-def serve(commands: Any, out: Any, acks: Any) -> None:
+def _orphaned() -> None:
+    """Raise ``Orphaned`` if the process that started this one is gone (a side process's waits)."""
+    if parent_gone():
+        raise Orphaned(0)
+
+
+def serve(commands: Any, out: Any, acks: Any, flight: Any = None) -> None:
     """The reference process: one run per configuration it is sent (None: stop), its model (sent or built here) kept
     for the next run of the same model, dtype, device and seed (``processes.model_key``; one at a time). Asked to
     stop, it ends at once (``processes.end_helper``: nothing is left to flush — every message was taken)."""
@@ -193,7 +217,7 @@ def serve(commands: Any, out: Any, acks: Any) -> None:
         if command[0] == "token":  # a feed for a run that has ended (it failed before taking it): nothing to do
             continue
         runs += 1
-        _reference_run(*command[1:], out, acks, models, runs, (serving_at, imported_at), commands)
+        _reference_run(*command[1:], out, acks, flight, models, runs, (serving_at, imported_at), commands)
     models.clear()  # the parent's twin, its memory shared: released before this process ends
     end_helper(out)
 
@@ -220,9 +244,9 @@ class _Fed:
         return self.tokens[step]
 
 
-def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, setup: Setup, role: str, fed: bool,
-                   out: Any, acks: Any, models: dict[tuple, Any], runs: int, started: tuple[float, float],
-                   commands: Any) -> None:
+def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, flight_bytes: int, shipped: Any, setup: Setup,
+                   role: str, fed: bool, out: Any, acks: Any, flight: Any, models: dict[tuple, Any], runs: int,
+                   started: tuple[float, float], commands: Any) -> None:
     """Record ``cfg``'s generation of side ``role`` (``ROLES``: its path and mode) and ship each step; then the
     tokens, the path's report, the observation check and about this process (its id, how many runs it has served,
     its peak GPU memory, when its model was ready, when the parts of its start-up ended, the torch settings it ran
@@ -257,7 +281,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
         if torch.device(cfg.device).type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         prompts = make_prompts(model.config.vocab_size, cfg.prompts, cfg.prompt_len, cfg.seed, cfg.device)
-        sink = _Shipper(out, part_bytes, live_bytes, acks)
+        sink = _Shipper(out, part_bytes, live_bytes, acks, flight, flight_bytes)
         final: dict[int, torch.Tensor] = {}
 
         def on_logits(step: int, logits: torch.Tensor) -> None:
@@ -281,6 +305,7 @@ def _reference_run(cfg: Any, part_bytes: int, live_bytes: int, shipped: Any, set
                  {"pid": os.getpid(), "run_in_process": runs, "peak_gpu_bytes": peak, "built_at": built_at,
                   "torch_settings": {name: str(value) for name, value in torch_settings().items()},
                   "start_up": start, "seconds": {"run_s": ran, **sink.seconds},
+                  "most_in_flight_bytes": sink.most_in_flight,
                   "messages": {"began_at": began, "sent": sink.sent}}))
     except Orphaned:
         raise
@@ -297,6 +322,7 @@ class _Worker:
         self.spawned_at = started.spawned_at
         self.process, self.commands, self.messages, self.acks = (started.process, started.commands, started.messages,
                                                                  started.acks)
+        self.flight = started.flight  # the bytes its runs have in flight (spawning.InFlight)
         self.model_key: tuple | None = None  # whose model the process holds (sent or built there)
         self.shipped: Any = None  # the twin whose memory the process uses: kept alive here while it lives
         self.unsent: list[BaseException] = []  # what the commands queue could not send (its model, say)
@@ -377,6 +403,9 @@ class RemoteTrace:
         # device has read them (_let_go): torch's end of a CUDA IPC memory synchronises the current stream, which
         # stops this side's run at every message if the last view of one goes while the run goes on
         self._held: list[list[torch.Tensor]] = []
+        # the host arenas of the messages taken, held until no view of them is left (then let go at once): what the
+        # reference process counts in flight (spawning.InFlight) is told when each message's arenas go
+        self._held_host: list[list[torch.Tensor]] = []
         # those no view holds, until the device has read them (at most WAITING_BYTES: the oldest waited for past it)
         self._unused = UntilRead(WAITING_BYTES, drop=self._drop_quietly)
         self._quiet: torch.cuda.Stream | None = None  # a stream nothing runs on: what those synchronisations wait for
@@ -424,6 +453,9 @@ class RemoteTrace:
         cuda = [a for a in arenas if a is not None and a.is_cuda]  # (memory in a host arena ends without a wait)
         if cuda:
             self._held.append(cuda)
+        host = [a for a in arenas if a is not None and not a.is_cuda]
+        if host:
+            self._held_host.append(host)
         for meta in metas:
             record = views.record(meta)
             self._records[record.key] = record
@@ -471,13 +503,20 @@ class RemoteTrace:
             self._held = [arenas for arenas in self._held if id(arenas) not in ids]
             self._unused.add(unused, sum(a.nbytes for arenas in unused for a in arenas), unused[0][0].device)
         self._unused.release(wait)
+        unused = _unused(self._held_host)
+        if unused:
+            ids = {id(arenas) for arenas in unused}
+            self._held_host = [arenas for arenas in self._held_host if id(arenas) not in ids]
+            self._owner.let_go(sum(a.nbytes for arenas in unused for a in arenas))
 
     def _drop_quietly(self, unused: list[list[torch.Tensor]]) -> None:
         """The last references to read arenas, dropped while a stream nothing runs on is current (``_let_go``)."""
         if self._quiet is None:
             self._quiet = torch.cuda.Stream(unused[0][0].device)
+        nbytes = sum(a.nbytes for arenas in unused for a in arenas)
         with torch.cuda.stream(self._quiet):
             unused.clear()  # the arenas' last references: their memory goes back to the reference now
+        self._owner.let_go(nbytes)
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -621,10 +660,11 @@ class ReferenceProcess:
             worker.model_key, worker.shipped = key, shipped
         self._started = True
         self.sent_at = time.perf_counter()
-        # PART_BYTES and LIVE_BYTES read here: a test may set small ones
+        # PART_BYTES, LIVE_BYTES and FLIGHT_BYTES read here: a test may set small ones
         self._feed = feed
         self.trace.on_step = None if feed is None else self.step_ended
-        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, shipped, self._setup, self.role,
+        worker.flight.reset()  # (the process is idle: nothing of a run before is in flight)
+        worker.commands.put(("run", self.cfg, PART_BYTES, LIVE_BYTES, FLIGHT_BYTES, shipped, self._setup, self.role,
                              feed is not None))
 
     def step_ended(self, step: int) -> None:
@@ -685,5 +725,15 @@ class ReferenceProcess:
         if not self._started:
             raise RuntimeError("the reference run was not started (ReferenceProcess.start)")
         process = worker.process
+        try:
+            return worker.messages.get_nowait()
+        except queue_module.Empty:  # waited for: the process ships what it holds back for the bytes in flight
+            pass
+        worker.flight.wants()
         return parent_get(worker.messages, worker.unsent, lambda: None if process.is_alive() else (
             f"the {self.role} process ended without finishing its run (exit code {process.exitcode}); {GUARD}"))
+
+    def let_go(self, nbytes: int) -> None:
+        """This side has let go of ``nbytes`` of the run's shipped arenas (``spawning.InFlight``)."""
+        if self._worker is not None:
+            self._worker.flight.let_go(nbytes)

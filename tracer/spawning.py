@@ -23,6 +23,7 @@ from typing import Any
 
 ROLES = ("reference", "candidate")  # what a side process serves: an onset's reference, or its candidate beside it
 AHEAD = 4  # messages (a step's records, or a part of them) the reference may run ahead of the candidate
+FLIGHT_WAIT_S = 0.0005  # how often a side process waiting for its shipped bytes to come down looks again (InFlight)
 # a model whose weights take this much or more has the command's default (concurrent="auto") run its reference in a
 # process of its own from the start on a CUDA device (beside_from_start)
 FROM_START_BYTES = 512 << 20
@@ -89,17 +90,75 @@ def start_processes(processes: Iterable[Any], verbosity: str | None = None) -> N
             del os.environ[key]
 
 
-def _reference_main(commands: Any, out: Any, acks: Any) -> None:
+class InFlight:
+    """The bytes a side process has shipped and its parent has not let go yet, and how often the parent has waited
+    for a message: what bounds a run's records in flight in bytes, not only in messages (``AHEAD``) — a long prompt's
+    prefill ships parts of hundreds of MiB, and each side of a split onset then held up to AHEAD of them waiting, one
+    being written, those the parent was reading and those waiting for its device (P5, ``bench/RESULTS.md``,
+    thirty-eighth round). Counters in shared memory, each written by one process only (no lock a killed process
+    could leave held): the side process counts what it ships (:meth:`wait_to_ship`, then :meth:`shipped`), the parent
+    what it lets go (:meth:`let_go`) and each time it waits (:meth:`wants`). The side process ships when the bytes in
+    flight stay within its budget, when nothing is in flight, or, once for each time the parent began to wait for a
+    message, past its budget (the parent may hold what is in flight while it needs more: never a deadlock)."""
+
+    SHIPPED, LET_GO, WANTS = range(3)
+
+    def __init__(self, context: Any) -> None:
+        self._counts = context.RawArray("q", 3)  # int64s, aligned: a read sees one write whole
+        self._answered = 0  # the side process's: the parent's waits it has shipped past its budget for
+
+    def reset(self) -> None:
+        """The parent, before it sends a run (the process is idle: nothing of its last run is in flight). Its waits
+        are counted on (the side process remembers those it answered)."""
+        self._counts[self.SHIPPED] = self._counts[self.LET_GO] = 0
+
+    @property
+    def bytes(self) -> int:
+        """Shipped and not let go yet."""
+        return self._counts[self.SHIPPED] - self._counts[self.LET_GO]
+
+    def wait_to_ship(self, nbytes: int, budget: int, gone: Any) -> float:
+        """The side process, before shipping ``nbytes``: wait while something is in flight, these bytes would take
+        it past ``budget`` and the parent has not begun a wait since the last one answered so; ``gone()``, called each
+        second, raises if the parent is gone. Returns the seconds waited."""
+        began = checked = now = time.perf_counter()
+        counts = self._counts
+        while counts[self.SHIPPED] > counts[self.LET_GO] and self.bytes + nbytes > budget:
+            if counts[self.WANTS] > self._answered:
+                self._answered = counts[self.WANTS]
+                break
+            time.sleep(FLIGHT_WAIT_S)
+            now = time.perf_counter()
+            if now - checked >= 1.0:
+                checked = now
+                gone()
+        return now - began
+
+    def shipped(self, nbytes: int) -> None:
+        """The side process has handed ``nbytes`` more on."""
+        self._counts[self.SHIPPED] += nbytes
+
+    def let_go(self, nbytes: int) -> None:
+        """The parent has let go of ``nbytes`` it was shipped (their memory may go back)."""
+        self._counts[self.LET_GO] += nbytes
+
+    def wants(self) -> None:
+        """The parent begins to wait for a message (none has come)."""
+        self._counts[self.WANTS] += 1
+
+
+def _reference_main(commands: Any, out: Any, acks: Any, flight: InFlight) -> None:
     """The reference process's entry point: its serving loop, imported there (torch with it)."""
     from ulptrace.concurrent import serve
 
-    serve(commands, out, acks)
+    serve(commands, out, acks, flight)
 
 
 class ReferenceStart:
     """A side process (``ulptrace.concurrent.serve``; ``role``, of ``ROLES``: the reference's, or a split onset's
     candidate's) just started, and its queues: configurations in (``commands``), a run's messages out (``messages``,
-    at most ``AHEAD`` waiting), this side's reads of live values it waits on (``acks``); ``spawned_at``
+    at most ``AHEAD`` waiting), this side's reads of live values it waits on (``acks``), the bytes in flight
+    (``flight``, :class:`InFlight`); ``spawned_at``
     (``time.perf_counter()``) and ``prepared``, the (model, device) it was told to import for (:meth:`prepare`)."""
 
     def __init__(self, verbosity: str | None = None, role: str = "reference") -> None:
@@ -111,7 +170,9 @@ class ReferenceStart:
         self.commands = context.Queue()
         self.messages = context.Queue(maxsize=AHEAD)
         self.acks = context.Queue()
-        self.process = context.Process(target=_reference_main, args=(self.commands, self.messages, self.acks),
+        self.flight = InFlight(context)
+        self.process = context.Process(target=_reference_main,
+                                       args=(self.commands, self.messages, self.acks, self.flight),
                                        daemon=True, name=f"ulptrace-{role}")
         start_processes([self.process], verbosity)
 

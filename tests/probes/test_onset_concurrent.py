@@ -30,6 +30,24 @@ from ulptrace.run import RunConfig, greedy, make_prompts
 SMALL = {"prompts": 2, "prompt_len": 8, "new_tokens": 3}
 
 
+class _Ends:
+    """The parent's side of a reference process for a ``RemoteTrace`` without a process: messages from a queue, and
+    what the trace tells that process counted here (messages taken, live reads acknowledged, bytes let go)."""
+
+    def __init__(self, messages) -> None:
+        self.messages, self.taken, self.acks, self.let_go_bytes = messages, 0, 0, 0
+
+    def next_message(self):
+        self.taken += 1
+        return self.messages.get_nowait()
+
+    def ack(self) -> None:
+        self.acks += 1
+
+    def let_go(self, nbytes: int) -> None:
+        self.let_go_bytes += nbytes
+
+
 def _both(**fields) -> tuple[dict, dict]:
     sequential = _report(RunConfig(**SMALL, **fields))
     concurrent = _report(RunConfig(**SMALL, concurrent=True, **fields))
@@ -43,7 +61,8 @@ def test_concurrent_onset_reports_what_the_sequential_one_does() -> None:
     assert "reference_process" in concurrent["run"]  # the reference's process reported back
     # where both sides' time went: the reference's packing and queue puts are parts of its run
     seconds = concurrent["run"]["reference_process"]["seconds"]
-    assert set(seconds) == {"run_s", "pack_s", "put_s", "live_wait_s", "candidate_waited_s", "candidate_unpack_s"}
+    assert set(seconds) == {"run_s", "pack_s", "flight_wait_s", "put_s", "live_wait_s", "candidate_waited_s",
+                            "candidate_unpack_s"}
     assert min(seconds.values()) >= 0 and 0 < seconds["pack_s"] + seconds["put_s"] < seconds["run_s"]
     assert concurrent["run"]["reference_process"]["arena_waits"] == 0  # host memory: nothing waits for a device
     # where each side was when: every step sent whole before this side had its token, each event's end after its start
@@ -290,11 +309,7 @@ def test_cuda_arenas_are_let_go_once_read_and_unviewed(cuda_kernels) -> None:
         shipper.add(Record("a", step, "norm", 0, shipper.copy_value(value), {}))
         shipper.ship(step, torch.tensor([[step]], device="cuda"))
 
-    class Ends:
-        def next_message(self):
-            return messages.get_nowait()
-
-    trace = RemoteTrace(Ends())
+    trace = RemoteTrace(_Ends(messages))
     first = trace.pop(("a", 0))
     assert torch.equal(first.out, values[0]) and len(trace._held) == 1
     del first
@@ -334,11 +349,7 @@ def test_a_steps_arena_gives_back_every_record_as_it_was_shipped() -> None:
     shipper.add(Record("b", 0, "linear", 1, ints, {"x": shared, "mask": mask, "scale": scalar}))
     shipper.ship(0, torch.tensor([[7], [9]]))
 
-    class Ends:
-        def next_message(self):
-            return messages.get_nowait()
-
-    trace = RemoteTrace(Ends())
+    trace = RemoteTrace(_Ends(messages))
     a, b = trace.pop(("a", 0)), trace.pop(("b", 0))
     assert a.out.shape == (0, 3) and a.out.dtype == torch.bfloat16
     for got, sent in ((a.inputs["x"], shared), (b.out, ints), (b.inputs["mask"], mask), (b.inputs["scale"], scalar)):
@@ -429,19 +440,13 @@ def test_a_step_in_parts_is_whole_only_with_its_last_part() -> None:
     assert messages.qsize() == 2
     shipper.ship(0, torch.tensor([[4], [5]]))
 
-    taken: list[str] = []
-
-    class Ends:
-        def next_message(self):
-            taken.append("message")
-            return messages.get_nowait()
-
-    trace = RemoteTrace(Ends())
-    assert torch.equal(trace.pop(("a", 0)).out, values[0]) and len(taken) == 1
+    ends = _Ends(messages)
+    trace = RemoteTrace(ends)
+    assert torch.equal(trace.pop(("a", 0)).out, values[0]) and ends.taken == 1
     b = trace.pop(("b", 0))
-    assert len(taken) == 2 and torch.equal(b.out, values[1]) and torch.equal(b.inputs["x"], values[0])
+    assert ends.taken == 2 and torch.equal(b.out, values[1]) and torch.equal(b.inputs["x"], values[0])
     assert 0 not in trace.tokens  # the step is not whole yet
-    assert trace.pop(("z", 0)) is None and len(taken) == 3  # missing once the last part came
+    assert trace.pop(("z", 0)) is None and ends.taken == 3  # missing once the last part came
     assert torch.equal(trace.pop(("c", 0)).out, values[2][:, :1]) and trace.forced_token(0).tolist() == [[4], [5]]
 
 
@@ -464,22 +469,14 @@ def test_live_values_are_read_or_copied_before_the_reference_may_go_on() -> None
     shipper.add(Record("logits", 0, "logits", 1, big, {}))
     assert messages.qsize() == 1 and acks.empty()  # shipped at once with what was held, and the ack taken
     shipper.ship(0, torch.tensor([[1], [2]]))
-    said: list[bool] = []
-
-    class Ends:
-        def next_message(self):
-            return messages.get_nowait()
-
-        def ack(self):
-            said.append(True)
-
-    trace = RemoteTrace(Ends())
-    assert torch.equal(trace.pop(("a", 0)).out, small) and not said
+    ends = _Ends(messages)
+    trace = RemoteTrace(ends)
+    assert torch.equal(trace.pop(("a", 0)).out, small) and not ends.acks
     logits = trace.pop(("logits", 0))
-    assert torch.equal(logits.out, big) and not said  # handed out: read by the caller's work
-    assert trace.forced_token(0).tolist() == [[1], [2]] and said == [True]  # said before waiting for more
+    assert torch.equal(logits.out, big) and not ends.acks  # handed out: read by the caller's work
+    assert trace.forced_token(0).tolist() == [[1], [2]] and ends.acks == 1  # said before waiting for more
 
-    messages, said = queue.Queue(), []  # the live record not taken before this side waits: copied, then said
+    messages = queue.Queue()  # the live record not taken before this side waits: copied, then said
     acks.put(True)
     shipper = _Shipper(messages, part_bytes=1 << 20, live_bytes=64, acks=acks)
     other = torch.randn(3)
@@ -487,8 +484,9 @@ def test_live_values_are_read_or_copied_before_the_reference_may_go_on() -> None
     shipper.add(Record("b", 0, "norm", 0, other, {}))
     shipper.add(Record("logits", 0, "logits", 1, big, {"x": small}))  # its input: the tensor "a" holds
     shipper.ship(0, torch.tensor([[3], [4]]))
-    trace = RemoteTrace(Ends())
-    assert trace.pop(("elsewhere", 0)) is None and said == [True]  # waited for the step's end: said first
+    ends = _Ends(messages)
+    trace = RemoteTrace(ends)
+    assert trace.pop(("elsewhere", 0)) is None and ends.acks == 1  # waited for the step's end: said first
     logits = trace.pop(("logits", 0))
     kept, a = logits.out, trace.pop(("a", 0)).out
     assert torch.equal(kept, big) and kept.untyped_storage().nbytes() == big.nbytes  # its own memory, not the arena's
@@ -998,3 +996,102 @@ def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_t
         ReferenceProcess(cfg, role="judge")
     shutdown()
     assert not _IDLE
+
+
+def test_what_a_side_process_ships_is_counted_in_flight_until_this_side_lets_it_go() -> None:
+    """The bytes in flight (``spawning.InFlight``): the shipper counts each message's arenas as it hands them on;
+    this side counts them let go once no record views them (a message whose record is still held stays in flight),
+    so that when every record is dropped nothing is in flight."""
+    import queue
+
+    from ulptrace.concurrent import RemoteTrace, _Shipper
+    from ulptrace.spawning import InFlight, spawn_context
+    from ulptrace.trace import Record
+
+    flight = InFlight(spawn_context())
+    messages: queue.Queue = queue.Queue()
+    shipper = _Shipper(messages, flight=flight, flight_bytes=1 << 30)
+    values = [torch.randn(64, 32) for _ in range(3)]  # 8 KiB each
+    for step, value in enumerate(values):
+        shipper.add(Record("a", step, "norm", 0, value, {}))
+        shipper.ship(step, torch.tensor([[step]]))
+    sizes = [sum(a.nbytes for a in m[3] if a is not None) for m in list(messages.queue)]
+    assert all(size >= values[0].nbytes for size in sizes) and flight.bytes == sum(sizes)
+    assert shipper.most_in_flight == sum(sizes)
+
+    class Ends(_Ends):
+        def let_go(self, nbytes: int) -> None:
+            super().let_go(nbytes)
+            flight.let_go(nbytes)
+
+    trace = RemoteTrace(Ends(messages))
+    kept = trace.pop(("a", 0))
+    assert torch.equal(kept.out, values[0]) and flight.bytes == sum(sizes)  # taken, but a record views it
+    assert torch.equal(trace.pop(("a", 1)).out, values[1])  # dropped at once: let go when the next message is taken
+    assert trace.forced_token(2).item() == 2 and flight.bytes == sizes[0] + sizes[2]
+    del kept
+    trace._let_go()
+    assert flight.bytes == sizes[2]  # step 2's record was never taken: its message is viewed by the record here
+    trace._records.clear()
+    trace._let_go()
+    assert flight.bytes == 0 and trace._owner.let_go_bytes == sum(sizes)
+
+
+def test_a_side_process_waits_to_ship_past_its_budget_until_bytes_are_let_go_or_this_side_waits() -> None:
+    """``InFlight.wait_to_ship``: within the budget, or with nothing in flight (a message larger than the budget),
+    it ships at once; past it, it waits until the parent lets bytes go — or, once for each wait, until the parent
+    itself waits for a message (it may hold what is in flight while it needs the next: shipping then is what avoids a
+    deadlock); a parent gone ends the wait."""
+    import threading
+
+    from ulptrace.spawning import InFlight, spawn_context
+
+    flight = InFlight(spawn_context())
+    never = lambda: None  # noqa: E731 — the parent is never gone here
+    assert flight.wait_to_ship(10_000, 1_000, never) < 0.5  # nothing in flight: one message past the budget goes
+    flight.shipped(600)
+    assert flight.wait_to_ship(400, 1_000, never) < 0.5  # 1,000 within 1,000
+    flight.shipped(400)
+    for release in (lambda: flight.let_go(600), flight.wants):
+        done: list[float] = []
+        waiter = threading.Thread(target=lambda: done.append(flight.wait_to_ship(500, 1_000, never)))
+        waiter.start()
+        time.sleep(0.3)
+        assert not done, "shipped past the budget while the parent neither let go nor waited"
+        release()
+        waiter.join(timeout=10)
+        assert done and done[0] >= 0.3
+        flight.shipped(1_000 - flight.bytes)  # in flight as before, for the next way out
+    gone = []
+
+    def parent_gone() -> None:
+        gone.append(True)
+        raise SystemExit(0)
+
+    # the parent's wait was answered once: the next message past the budget waits again, until the parent is gone
+    with pytest.raises(SystemExit):
+        flight.wait_to_ship(1, 1_000, parent_gone)
+    assert gone == [True]
+    flight.reset()
+    assert flight.bytes == 0 and flight.wait_to_ship(1, 1_000, never) < 0.5
+
+
+def test_each_side_shipping_within_a_small_budget_in_flight_reports_what_the_sequential_onset_does(
+        monkeypatch) -> None:
+    """A split onset (each side in a process of its own) whose side processes ship parts of 4 KiB and may hold 8 KiB
+    in flight: they wait for this side to let their messages go, and the report is the sequential onset's; each
+    process says the most it had in flight."""
+    from ulptrace import concurrent
+
+    monkeypatch.setattr(concurrent, "PART_BYTES", 4 << 10)
+    monkeypatch.setattr(concurrent, "FLIGHT_BYTES", 8 << 10)
+    try:
+        sequential = _report(RunConfig(**SMALL, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False))
+        split = _report(RunConfig(**SMALL, model="tiny-qwen3.5", candidate="kernels:fused", oracle=False,
+                                  concurrent="split"))
+    finally:
+        shutdown()  # (the kept processes took the small budget with their run: the next run sends its own)
+    assert _essentials(split) == _essentials(sequential)
+    for role in ("reference", "candidate"):
+        process = split["run"][f"{role}_process"]
+        assert process["most_in_flight_bytes"] > 0 and process["seconds"]["flight_wait_s"] >= 0
