@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
-from ulptrace.masks import MASK, STRUCTURAL_INPUTS, not_hidden, same_meaning_pair, visibility_pair
+from ulptrace.masks import MASK, STRUCTURAL_INPUTS, keys_seen, same_meaning_pair, visibility_pair
 from ulptrace.oracle.judge import WORSE_THAN_TIE, explained_share
 from ulptrace.record import LIVE_BYTES
 from ulptrace.sites import ONE_CALL
@@ -222,24 +222,16 @@ def without_cache_padding_pair(reference: Record, candidate: Record) -> tuple[Re
 
 
 def _keys_used(record: Record) -> int | None:
-    """How many leading keys of an attention record some query can see (``without_cache_padding``): all of them where
-    nothing says otherwise (no mask at a one-token query, a mask that does not span them); None for a record without
-    keys and values."""
+    """How many leading keys of an attention record some query can see (``without_cache_padding``,
+    ``ulptrace.masks.keys_seen``); None for a record without keys and values."""
     inputs = record.inputs
     if "key" not in inputs:  # most records: no attention inputs
         return None
-    query, key, value, mask = inputs.get("query"), inputs["key"], inputs.get("value"), inputs.get("attention_mask")
+    query, key, value = inputs.get("query"), inputs["key"], inputs.get("value")
     if key is None or value is None or key.dim() < 2:
         return None
-    length = key.shape[-2]
-    if mask is None:
-        if query is None or query.dim() < 2 or not 1 < query.shape[-2] < length:
-            return length
-        return query.shape[-2]
-    if mask.shape[-1] != length:
-        return length
-    live = not_hidden(mask).reshape(-1, length).any(0)
-    return int(live.nonzero().max()) + 1 if bool(live.any()) else 0
+    queries = query.shape[-2] if query is not None and query.dim() >= 2 else 1
+    return keys_seen(inputs.get(MASK), queries, key.shape[-2])
 
 
 def _visibility_stats(reference: Record, candidate: Record

@@ -54,12 +54,25 @@ def _broadcast_pair(ref: torch.Tensor | None, cand: torch.Tensor | None, device:
     return ref.to(device).expand(shape), cand.to(device).expand(shape)
 
 
+def keys_seen(mask: torch.Tensor | None, queries: int, keys: int) -> int:
+    """How many leading keys of an attention record's ``keys`` some query sees (the last one any query sees, plus
+    one): by ``mask`` where it spans the keys (a bias counts as seen: ``not_hidden``), all of them where it does not,
+    and for none :func:`key_visibility`'s convention counted without building it — a multi-token query of fewer
+    tokens than the keys sees as many keys as it has tokens (causal, top-left aligned), any other sees all."""
+    if mask is None:
+        return queries if 1 < queries < keys else keys
+    if mask.shape[-1] != keys:
+        return keys
+    live = not_hidden(mask).reshape(-1, keys).any(0)
+    return int(live.nonzero().max()) + 1 if bool(live.any()) else 0
+
+
 def key_visibility(mask: torch.Tensor | None, queries: int, keys: int, width: int,
                    device: torch.device | str = "cpu") -> torch.Tensor | None:
     """Which of ``width`` key positions each query of an attention record sees, as a bool tensor ``[..., q, width]``
     (a mask's broadcast dimensions kept): ``mask``'s visibility over the record's ``keys`` keys, or, for none — a mask
     left to the kernel — HF's convention for it (SDPA's ``is_causal``: causal, top-left aligned, for a multi-token
-    query; every key for one); positions at or past ``keys`` (keys this record does not hold) are hidden. None where
+    query; every key for one; :func:`keys_seen` counts it); positions at or past ``keys`` (keys this record does not hold) are hidden. None where
     ``mask`` has no plain visibility or does not span the keys. ``device``: where a visibility without a mask is made."""
     if mask is None:
         seen = torch.ones(queries, keys, dtype=torch.bool, device=device)

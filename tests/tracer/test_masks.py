@@ -66,6 +66,26 @@ def test_key_visibility_of_a_mask_left_to_the_kernel_follows_sdpas_is_causal() -
     assert key_visibility(biased, 1, 3, 3) is None  # an additive bias: no plain visibility
 
 
+def test_keys_seen_counts_the_last_key_any_query_sees_by_the_same_convention() -> None:
+    """``keys_seen``: a mask's last visible key plus one (a bias counts as seen, a mask that does not span the keys
+    leaves them all, nothing seen is 0), and for no mask the count of ``key_visibility``'s convention, for every
+    query and key count — the one convention, counted without building it."""
+    from ulptrace.masks import key_visibility, keys_seen
+
+    assert keys_seen(CAUSAL, 3, 3) == 3 and keys_seen(_additive(CAUSAL), 3, 3) == 3
+    padded = _additive(torch.tensor([True, True, False, False]))[None, None, None]  # a static cache's padding
+    assert keys_seen(padded, 1, 4) == 2 and keys_seen(padded, 1, 5) == 5
+    assert keys_seen(torch.zeros(2, 4, dtype=torch.bool), 2, 4) == 0
+    biased = torch.zeros(1, 4, dtype=torch.bfloat16)
+    biased[0, 3] = -0.5
+    assert keys_seen(biased, 1, 4) == 4
+    assert [keys_seen(None, q, 4) for q in (1, 2, 3, 4, 6)] == [4, 2, 3, 4, 4]
+    for queries in range(1, 7):
+        for keys in range(1, 7):
+            seen = key_visibility(None, queries, keys, keys)
+            assert keys_seen(None, queries, keys) == int(seen.any(0).nonzero().max()) + 1, (queries, keys)
+
+
 def test_visibility_pair_compares_sides_that_hold_other_keys() -> None:
     from ulptrace.masks import visibility_pair
 
