@@ -28,7 +28,9 @@ once and the reference waits until this process has read it (or, not taken yet, 
 prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
 comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
 as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs
-at most that far ahead and its records in flight stay bounded. An error in that process is raised here with its
+at most that far ahead, and what it has shipped and this side has not let go stays within ``FLIGHT_BYTES``
+(``spawning.InFlight``; past it the reference waits, unless nothing is in flight or this side waits for a message):
+a long prefill's parts do not pile up in either process while this side compares. An error in that process is raised here with its
 traceback; a process that dies without a word is reported with its exit code.
 
 A kept process serves one role (``ROLES``): the onset's reference, or its candidate (``role="candidate"``: the
