@@ -2,8 +2,10 @@
 # Thirty-eighth round: where P5's memory goes at 8 x 4,096 (`--sdpa flash`), each side's bytes in flight bounded
 # (ulptrace.concurrent.FLIGHT_BYTES) or not. STAGES picks and orders (default "base split"); each stage one bench_trace
 # P5 run, its JSON to $OUT/p5_<stage>.json, its P5 line and each process's peak (GiB) to $OUT/p5.log:
-#   base: the command's default (split) with the package in $BASE (a commit before the bound: `git archive` of
-#         tracer probes kernels bench, laid out as bench/package.sh does), its own bench_trace.py;
+#   base: the command's default (split) with the package in $BASE, a commit before the bound, its own bench_trace.py;
+#         made here and carried (`carry: [".base/pkg37"]`): mkdir -p .base/pkg37 && git archive a05af1c tracer probes
+#         kernels bench | tar -x -C .base/pkg37 && cd .base/pkg37 && rm -rf bench/results bench/audit && mv tracer
+#         ulptrace && mv probes kernels ulptrace/   (then BASE=$PWD/.base/pkg37 on the device);
 #   split: the command's default on a large CUDA model with this tree (each side in a process of its own);
 #   flight<N>: the same, each side's bytes in flight bounded by N MiB (--flight-mib);
 #   on: the candidate here (`--concurrent`), the reference in a process of its own;
