@@ -405,9 +405,14 @@ class RemoteTrace:
         # device has read them (_let_go): torch's end of a CUDA IPC memory synchronises the current stream, which
         # stops this side's run at every message if the last view of one goes while the run goes on
         self._held: list[list[torch.Tensor]] = []
-        # the host arenas of the messages taken, held until no view of them is left (then let go at once): what the
-        # reference process counts in flight (spawning.InFlight) is told when each message's arenas go
-        self._held_host: list[list[torch.Tensor]] = []
+        # what the reference process counts in flight (spawning.InFlight) is told each message's bytes went once this
+        # side has handed out all of its records and the device has passed the work enqueued by then: records kept
+        # after that (the oracle's pairs) are this side's to hold, not a reason for the reference to wait. By message:
+        # [its records not handed out yet, its bytes, the device of its CUDA arenas or None]; each record's message
+        self._messages: dict[int, list] = {}
+        self._message_of: dict[tuple[str, int], int] = {}
+        self._handed_whole: list[int] = []  # messages whose records are all handed out, since the last _let_go
+        self._consumed = UntilRead(1 << 62, drop=self._owner_let_go)  # their bytes, until the device has passed
         # those no view holds, until the device has read them (at most WAITING_BYTES: the oldest waited for past it)
         self._unused = UntilRead(WAITING_BYTES, drop=self._drop_quietly)
         self._quiet: torch.cuda.Stream | None = None  # a stream nothing runs on: what those synchronisations wait for
@@ -455,13 +460,16 @@ class RemoteTrace:
         cuda = [a for a in arenas if a is not None and a.is_cuda]  # (memory in a host arena ends without a wait)
         if cuda:
             self._held.append(cuda)
-        host = [a for a in arenas if a is not None and not a.is_cuda]
-        if host:
-            self._held_host.append(host)
+        message = len(self.received)
+        self._messages[message] = [len(metas), sum(a.nbytes for a in arenas if a is not None),
+                                   cuda[0].device if cuda else None]
         for meta in metas:
             record = views.record(meta)
             self._records[record.key] = record
             self._order.append(record.key)
+            self._message_of[record.key] = message
+        if not metas:
+            self._handed_whole.append(message)
         if token is not None:  # the step's last part: the token kept as a copy (a view would keep its arena here)
             self.tokens[step] = views.tensor(token).clone()
             if self.on_step is not None:
@@ -498,27 +506,42 @@ class RemoteTrace:
         stream nothing runs on is the current one, so torch's synchronisation at an IPC memory's end waits for
         nothing: the event already says that this side's reads of it are done. An arena a view still holds is kept (a
         record kept for the oracle, say); if the counts are ever wrong, letting go of an arena a view holds only leaves
-        its end to that view (torch's own synchronisation)."""
+        its end to that view (torch's own synchronisation). The reference is told the bytes of each message whose
+        records have all been handed out, once the device has passed the work enqueued by then (host messages at
+        once): what it counts in flight (``spawning.InFlight``) is what waits here, not what this side keeps."""
         unused = _unused(self._held)
         if unused:
             ids = {id(arenas) for arenas in unused}
             self._held = [arenas for arenas in self._held if id(arenas) not in ids]
             self._unused.add(unused, sum(a.nbytes for arenas in unused for a in arenas), unused[0][0].device)
         self._unused.release(wait)
-        unused = _unused(self._held_host)
-        if unused:
-            ids = {id(arenas) for arenas in unused}
-            self._held_host = [arenas for arenas in self._held_host if id(arenas) not in ids]
-            self._owner.let_go(sum(a.nbytes for arenas in unused for a in arenas))
+        for message in self._handed_whole:
+            _, nbytes, device = self._messages.pop(message)
+            if device is None:
+                self._owner.let_go(nbytes)
+            else:
+                self._consumed.add(nbytes, nbytes, device)
+        self._handed_whole.clear()
+        self._consumed.release(wait)
+
+    def _handed_out(self, key: tuple[str, int]) -> None:
+        """A record is handed out (once): its message's count of records to hand out goes down."""
+        message = self._message_of.pop(key, None)
+        if message is not None:
+            left = self._messages[message]
+            left[0] -= 1
+            if not left[0]:
+                self._handed_whole.append(message)
+
+    def _owner_let_go(self, nbytes: int) -> None:
+        self._owner.let_go(nbytes)
 
     def _drop_quietly(self, unused: list[list[torch.Tensor]]) -> None:
         """The last references to read arenas, dropped while a stream nothing runs on is current (``_let_go``)."""
         if self._quiet is None:
             self._quiet = torch.cuda.Stream(unused[0][0].device)
-        nbytes = sum(a.nbytes for arenas in unused for a in arenas)
         with torch.cuda.stream(self._quiet):
             unused.clear()  # the arenas' last references: their memory goes back to the reference now
-        self._owner.let_go(nbytes)
 
     def _until(self, key: tuple[str, int]) -> None:
         while key not in self._records and self.done is None and key[1] not in self.tokens:
@@ -529,6 +552,7 @@ class RemoteTrace:
         if key in self._unread:
             self._unread.discard(key)
             self._handed.append(key)
+        self._handed_out(key)
         return self._records.pop(key, None)
 
     def get(self, key: tuple[str, int]) -> Record | None:
@@ -537,6 +561,7 @@ class RemoteTrace:
             self._records[key] = _own(self._records[key])
             self._unread.discard(key)
             self._handed.append(key)
+        self._handed_out(key)
         return self._records.get(key)
 
     def arriving(self) -> Iterator[Record]:

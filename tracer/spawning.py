@@ -97,7 +97,8 @@ class InFlight:
     being written, those the parent was reading and those waiting for its device (P5, ``bench/RESULTS.md``,
     thirty-eighth round). Counters in shared memory, each written by one process only (no lock a killed process
     could leave held): the side process counts what it ships (:meth:`wait_to_ship`, then :meth:`shipped`), the parent
-    what it lets go (:meth:`let_go`) and each time it waits (:meth:`wants`). The side process ships when the bytes in
+    what it is done with (:meth:`let_go`: a message whose records it has all compared — what it keeps after that is
+    its own to hold) and each time it waits (:meth:`wants`). The side process ships when the bytes in
     flight stay within its budget, when nothing is in flight, or, once for each time the parent began to wait for a
     message, past its budget (the parent may hold what is in flight while it needs more: never a deadlock)."""
 

@@ -998,10 +998,12 @@ def test_a_process_per_role_runs_one_model_at_once_and_hands_its_records_on_as_t
     assert not _IDLE
 
 
-def test_what_a_side_process_ships_is_counted_in_flight_until_this_side_lets_it_go() -> None:
+def test_what_a_side_process_ships_is_in_flight_until_this_side_has_handed_out_its_records() -> None:
     """The bytes in flight (``spawning.InFlight``): the shipper counts each message's arenas as it hands them on;
-    this side counts them let go once no record views them (a message whose record is still held stays in flight),
-    so that when every record is dropped nothing is in flight."""
+    this side counts a message let go once every record of it has been handed out (at its next wait for a message;
+    on CUDA once the device has passed the work enqueued by then) — a record it keeps after that (the oracle's pair)
+    is its own to hold and does not keep the reference waiting; a record never handed out keeps its message in flight;
+    when all are handed out nothing is in flight."""
     import queue
 
     from ulptrace.concurrent import RemoteTrace, _Shipper
@@ -1026,13 +1028,11 @@ def test_what_a_side_process_ships_is_counted_in_flight_until_this_side_lets_it_
 
     trace = RemoteTrace(Ends(messages))
     kept = trace.pop(("a", 0))
-    assert torch.equal(kept.out, values[0]) and flight.bytes == sum(sizes)  # taken, but a record views it
-    assert torch.equal(trace.pop(("a", 1)).out, values[1])  # dropped at once: let go when the next message is taken
-    assert trace.forced_token(2).item() == 2 and flight.bytes == sizes[0] + sizes[2]
-    del kept
-    trace._let_go()
-    assert flight.bytes == sizes[2]  # step 2's record was never taken: its message is viewed by the record here
-    trace._records.clear()
+    assert torch.equal(kept.out, values[0]) and flight.bytes == sum(sizes)  # handed out: let go at the next wait
+    assert torch.equal(trace.pop(("a", 1)).out, values[1]) and flight.bytes == sizes[1] + sizes[2]
+    assert trace.forced_token(2).item() == 2 and flight.bytes == sizes[2]  # step 2's record not handed out yet
+    assert torch.equal(kept.out, values[0])  # kept here, its memory still this side's to read
+    assert torch.equal(trace.pop(("a", 2)).out, values[2]) and trace.pop(("a", 2)) is None  # handed out once
     trace._let_go()
     assert flight.bytes == 0 and trace._owner.let_go_bytes == sum(sizes)
 
