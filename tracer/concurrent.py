@@ -124,6 +124,7 @@ class _Shipper:
         # where this process's shipping time went: packing the arenas, waiting for the bytes in flight to come within
         # their budget, handing them to the queue (which waits while AHEAD messages are not yet taken: the other
         # side is then the slower one), waiting for live reads; the most bytes in flight after a message was shipped
+        # (a live value counts: the model's own memory, shipped as it left it)
         self.seconds = {"pack_s": 0.0, "flight_wait_s": 0.0, "put_s": 0.0, "live_wait_s": 0.0}
         self.most_in_flight = 0
         self.sent: list[tuple[int, float, float]] = []  # each message: (its step, when packing began, when handed on)
