@@ -16,6 +16,9 @@ from ulptrace.probes.onset import run_onset
 from ulptrace.run import RunConfig
 
 
+UNBOUNDED = 1 << 50  # the message count (AHEAD) the only bound
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -32,7 +35,7 @@ def main() -> None:
                     prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
     try:
         for _ in range(args.rounds):
-            for flight in (1 << 50, bounded):  # unbounded: the message count (AHEAD) the only bound
+            for flight in (UNBOUNDED, bounded):
                 concurrent.FLIGHT_BYTES = flight
                 began = time.perf_counter()
                 _, info = run_onset(cfg)
@@ -43,7 +46,7 @@ def main() -> None:
                     sides.append(f"{role}: most in flight {process['most_in_flight_bytes'] / 2**20:.2f} MiB, "
                                  f"{len(process['messages']['sent'])} messages, waited for the bound "
                                  f"{process['seconds']['flight_wait_s']:.2f} s")
-                name = "unbounded" if flight == 1 << 50 else f"bound {flight >> 10} KiB"
+                name = "unbounded" if flight == UNBOUNDED else f"bound {flight >> 10} KiB"
                 print(f"{name}: onset {wall:.2f} s (builds included); " + "; ".join(sides), flush=True)
     finally:
         concurrent.shutdown()

@@ -412,20 +412,17 @@ def main() -> None:
                 f"{args.oracle_prompts}, {args.oracle_prompt_len} and {args.oracle_new_tokens}")
     if args.judge_workers < 0:
         p.error(f"--judge-workers must be >= 0 (0: judged in this process), but got {args.judge_workers}")
-    if args.part_mib is not None:
-        if args.part_mib < 1 or not args.concurrent:
-            p.error(f"--part-mib takes a size >= 1 with --concurrent, but got {args.part_mib}"
+    for option, constant in (("part_mib", "PART_BYTES"), ("flight_mib", "FLIGHT_BYTES")):
+        mib = getattr(args, option)
+        if mib is None:
+            continue
+        flag = "--" + option.replace("_", "-")
+        if mib < 1 or not args.concurrent:
+            p.error(f"{flag} takes a size >= 1 with --concurrent, but got {mib}"
                     f"{'' if args.concurrent else ' without --concurrent'}")
         from ulptrace import concurrent
 
-        concurrent.PART_BYTES = args.part_mib << 20  # read by ReferenceProcess.start, sent with each run
-    if args.flight_mib is not None:
-        if args.flight_mib < 1 or not args.concurrent:
-            p.error(f"--flight-mib takes a size >= 1 with --concurrent, but got {args.flight_mib}"
-                    f"{'' if args.concurrent else ' without --concurrent'}")
-        from ulptrace import concurrent
-
-        concurrent.FLIGHT_BYTES = args.flight_mib << 20  # read by ReferenceProcess.start, sent with each run
+        setattr(concurrent, constant, mib << 20)  # read by ReferenceProcess.start, sent with each run
     if args.compare_nothing:
         if args.reports or args.reports_only:
             p.error("--compare-nothing makes empty reports: it takes no --reports")

@@ -28,10 +28,10 @@ once and the reference waits until this process has read it (or, not taken yet, 
 prefill's logits are not copied there. This process reads them as :class:`RemoteTrace`, a reference the streaming
 comparison pops records from (waiting for a step that has not arrived), and feeds the candidate the reference's tokens
 as they come (``forced_token``). The queue holds a few messages (``ulptrace.spawning.AHEAD``), so the reference runs
-at most that far ahead, and what it has shipped and this side has not let go stays within ``FLIGHT_BYTES``
+at most that far ahead, and what it has shipped and this side has not yet compared stays within ``FLIGHT_BYTES``
 (``spawning.InFlight``; past it the reference waits, unless nothing is in flight or this side waits for a message):
-a long prefill's parts do not pile up in either process while this side compares. An error in that process is raised here with its
-traceback; a process that dies without a word is reported with its exit code.
+a long prefill's parts do not pile up in either process while this side compares. An error in that process is
+raised here with its traceback; a process that dies without a word is reported with its exit code.
 
 A kept process serves one role (``ROLES``): the onset's reference, or its candidate (``role="candidate"``: the
 candidate's path and mode) — two runs of one model at once, each process kept for the next run of its role. The
@@ -98,7 +98,7 @@ PART_BYTES = 256 << 20  # a step's records are shipped in parts of about this si
 # the reference then waits in its sink's add until this side has read the value (or copied it) and says so
 LIVE_BYTES = 1 << 30
 WAITING_BYTES = 2 * PART_BYTES  # arenas read here and waiting for the device to pass them, at most (RemoteTrace)
-# a side process's bytes shipped and not yet let go here, at most (spawning.InFlight: more are shipped only when
+# a side process's bytes shipped and not yet compared here, at most (spawning.InFlight: more are shipped only when
 # nothing is in flight or this side waits for a message): with a part being written there, about this and a part
 FLIGHT_BYTES = 3 * PART_BYTES
 
@@ -182,7 +182,7 @@ class _Shipper:
         t3 = time.perf_counter()
         self.seconds["pack_s"] += t1 - t0
         self.seconds["put_s"] += t3 - t2
-        self.sent.append((step, t0, t2))
+        self.sent.append((step, t0, t3))
 
 
 def from_start(cfg: Any) -> str | None:
@@ -413,7 +413,7 @@ class RemoteTrace:
         self._messages: dict[int, list] = {}
         self._message_of: dict[tuple[str, int], int] = {}
         self._handed_whole: list[int] = []  # messages whose records are all handed out, since the last _let_go
-        self._consumed = UntilRead(1 << 62, drop=self._owner_let_go)  # their bytes, until the device has passed
+        self._consumed = UntilRead(1 << 62, drop=owner.let_go)  # their bytes, until the device has passed
         # those no view holds, until the device has read them (at most WAITING_BYTES: the oldest waited for past it)
         self._unused = UntilRead(WAITING_BYTES, drop=self._drop_quietly)
         self._quiet: torch.cuda.Stream | None = None  # a stream nothing runs on: what those synchronisations wait for
@@ -533,9 +533,6 @@ class RemoteTrace:
             left[0] -= 1
             if not left[0]:
                 self._handed_whole.append(message)
-
-    def _owner_let_go(self, nbytes: int) -> None:
-        self._owner.let_go(nbytes)
 
     def _drop_quietly(self, unused: list[list[torch.Tensor]]) -> None:
         """The last references to read arenas, dropped while a stream nothing runs on is current (``_let_go``)."""
@@ -762,6 +759,6 @@ class ReferenceProcess:
             f"the {self.role} process ended without finishing its run (exit code {process.exitcode}); {GUARD}"))
 
     def let_go(self, nbytes: int) -> None:
-        """This side has let go of ``nbytes`` of the run's shipped arenas (``spawning.InFlight``)."""
+        """This side is done with ``nbytes`` the run shipped: their records all compared (``spawning.InFlight``)."""
         if self._worker is not None:
             self._worker.flight.let_go(nbytes)

@@ -91,7 +91,7 @@ def start_processes(processes: Iterable[Any], verbosity: str | None = None) -> N
 
 
 class InFlight:
-    """The bytes a side process has shipped and its parent has not let go yet, and how often the parent has waited
+    """The bytes a side process has shipped and its parent has not yet compared, and how often the parent has waited
     for a message: what bounds a run's records in flight in bytes, not only in messages (``AHEAD``) — a long prompt's
     prefill ships parts of hundreds of MiB, and each side of a split onset then held up to AHEAD of them waiting, one
     being written, those the parent was reading and those waiting for its device (P5, ``bench/RESULTS.md``,
@@ -115,7 +115,7 @@ class InFlight:
 
     @property
     def bytes(self) -> int:
-        """Shipped and not let go yet."""
+        """Shipped and not yet compared."""
         return self._counts[self.SHIPPED] - self._counts[self.LET_GO]
 
     def wait_to_ship(self, nbytes: int, budget: int, gone: Any) -> float:
@@ -140,7 +140,7 @@ class InFlight:
         self._counts[self.SHIPPED] += nbytes
 
     def let_go(self, nbytes: int) -> None:
-        """The parent has let go of ``nbytes`` it was shipped (their memory may go back)."""
+        """The parent is done with ``nbytes`` it was shipped (their records all compared)."""
         self._counts[self.LET_GO] += nbytes
 
     def wants(self) -> None:
