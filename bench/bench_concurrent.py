@@ -109,6 +109,7 @@ def main() -> None:
         check_workload,
         untraced_runner,
         workload_arguments,
+        workload_config,
     )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -117,10 +118,8 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     check_workload(p, args)
-    from ulptrace.run import RunConfig
 
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
+    cfg = workload_config(args, oracle=False)
     run_pair = untraced_runner(cfg)
     sequential = [run_pair() for _ in range(args.repeats)]
     context = torch.multiprocessing.get_context("spawn")

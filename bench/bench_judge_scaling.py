@@ -59,7 +59,7 @@ def _judge_all(cfg, threads, barrier, results) -> None:
 
 
 def main() -> None:
-    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
+    from bench_trace import check_workload, workload_arguments, workload_config  # this folder (bench/)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
@@ -67,14 +67,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch's intra-op threads per process (0: its default)")
     p.add_argument("--json")
     args = p.parse_args()
-    from ulptrace.run import RunConfig
 
     check_workload(p, args)  # an unknown model or path, a bad count: one line, before any process starts
     if min(args.workers) < 1 or args.threads < 0:
         p.error(f"--workers must be >= 1 and --threads >= 0, but got {args.workers} and {args.threads}")
 
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    cfg = workload_config(args)
     context = torch.multiprocessing.get_context("spawn")
     out: dict[str, dict] = {}
     base = None

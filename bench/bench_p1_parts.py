@@ -63,12 +63,13 @@ def main() -> None:
     from bench_trace import (  # this folder: run as python bench/bench_p1_parts.py
         check_workload,
         workload_arguments,
+        workload_config,
     )
     from ulptrace import comparison
     from ulptrace.paths import apply_path
     from ulptrace.probes import onset
     from ulptrace.record import MemorySink, Recorder, recording_collector
-    from ulptrace.run import RunConfig, build_pair, greedy, selected_sites
+    from ulptrace.run import build_pair, greedy, selected_sites
     from ulptrace.ulp import PendingStats, RecordStats
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -89,8 +90,7 @@ def main() -> None:
         p.error(f"--flush-every takes record counts >= 1, but got {args.flush_every}")
     if set(args.layers) <= {"untraced"} and not args.flush_every:
         p.error(f"--layers names only the base 'untraced': name a layer to time against it ({', '.join(LAYERS[1:])})")
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens, oracle=False)
+    cfg = workload_config(args, oracle=False)
     built = build_pair(cfg)
     ref, cand, prompts = built
     onset.build_pair = lambda c, **kw: built  # every layer runs on the same two models

@@ -29,7 +29,7 @@ class _Count(TorchDispatchMode):
 
 
 def main() -> None:
-    from bench_trace import check_workload, workload_arguments  # this folder (bench/)
+    from bench_trace import check_workload, workload_arguments, workload_config  # this folder (bench/)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_arguments(p, prompts=2, prompt_len=32, new_tokens=4)
@@ -37,12 +37,10 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     from ulptrace.probes.onset import record_pair
-    from ulptrace.run import RunConfig
     from ulptrace.verdicts import OracleJudge
 
     check_workload(p, args)
-    cfg = RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                    prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    cfg = workload_config(args)
 
     def sync() -> None:
         if args.device.startswith("cuda"):

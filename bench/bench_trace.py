@@ -180,7 +180,7 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     before_switch: list[int] = []  # concurrent="auto": this process's peak when the onset started again
-    run_concurrent = onset_module._run_concurrent
+    run_concurrent = getattr(onset_module, "_run_concurrent", None)  # an older commit's package may lack it
 
     def switching(*a, **kw):
         if cfg.device.startswith("cuda"):
@@ -188,7 +188,7 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
             torch.cuda.reset_peak_memory_stats()
         return run_concurrent(*a, **kw)
 
-    if cfg.concurrent == "auto":
+    if getattr(cfg, "concurrent", False) == "auto":  # (an older commit's package has no such field)
         onset_module._run_concurrent = switching
     prof = None
     if profile:
@@ -204,7 +204,8 @@ def traced(cfg, reports: Path | None, name: str, profile: str | None = None) -> 
         seconds = t1 - t0
     finally:
         onset_module.build_pair = build_pair
-        onset_module._run_concurrent = run_concurrent
+        if run_concurrent is not None:
+            onset_module._run_concurrent = run_concurrent
     build = sum(builds)
     seconds -= build
     concurrent: dict = {}
@@ -349,11 +350,17 @@ def progress_printer() -> Any:
 
 
 def workload_config(args: argparse.Namespace, **fields: Any) -> Any:
-    """The ``RunConfig`` of the workload ``args`` name (``workload_arguments``), with ``fields`` set too."""
+    """The ``RunConfig`` of the workload ``args`` name (``workload_arguments``), with ``fields`` set too. ``--sdpa``
+    is passed only when it names a backend: an older commit's package (run for its reports) lacks the field."""
     from ulptrace.run import RunConfig
 
     return RunConfig(model=args.model, candidate=args.candidate, device=args.device, prompts=args.prompts,
-                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, sdpa=args.sdpa, **fields)
+                     prompt_len=args.prompt_len, new_tokens=args.new_tokens, **sdpa_field(args), **fields)
+
+
+def sdpa_field(args: argparse.Namespace) -> dict[str, str]:
+    """``{"sdpa": ...}`` when ``--sdpa`` names a backend, else nothing (torch's choice, the field's default)."""
+    return {} if args.sdpa == "default" else {"sdpa": args.sdpa}
 
 
 def main() -> None:
@@ -447,7 +454,7 @@ def main() -> None:
         args.reports.mkdir(parents=True, exist_ok=True)
     host_malloc = as_the_commands()
     out: dict[str, object] = {"device": args.device, "model": args.model, "torch": torch.__version__,
-                              "host_malloc": host_malloc,
+                              "sdpa": args.sdpa, "host_malloc": host_malloc,
                               "reference_memory": args.reference_memory, "concurrent": args.concurrent,
                               "part_mib": args.part_mib, "flight_mib": args.flight_mib,
                               "compare_nothing": args.compare_nothing,
@@ -459,7 +466,7 @@ def main() -> None:
     print(f"host malloc: {host_malloc}", flush=True)
     # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
     base = {"model": args.model, "candidate": args.candidate, "device": args.device,
-            "reference_memory": args.reference_memory,
+            "reference_memory": args.reference_memory, **sdpa_field(args),
             **({"concurrent": {"on": True}.get(args.concurrent, args.concurrent)} if args.concurrent else {})}
     cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                     oracle=False)
