@@ -3,7 +3,11 @@
 Why: issue 11 asks that speed never come from judging less — reports of a tree must equal a frozen earlier tree's, apart
 from fields another change deliberately added. This prints, per report, every differing field (run info that says
 when/where the run went left out, as ``bench_trace._clean`` does) and sorts them into the fields named with
-``--allowed`` (a key of its path) and the rest; it exits 1 when any report is missing or differs outside them.
+``--allowed`` (a key of its path) and the rest; it exits 1 when any report is missing or differs outside them. The
+allowed ones are counted as added (the first report had no value there) or changed, the changed ones printed: a field
+another change began to fill is not one whose values it changed.
+
+    python bench/report_diff.py BASE_REPORTS REPORTS --new-sites output --allowed input_shapes g
 """
 import argparse
 import json
@@ -16,6 +20,12 @@ from bench_trace import _clean, differences
 def _keys(path: str) -> list[str]:
     """The keys of a field's path as ``differences`` writes it (``.sites[5].input_delta.g`` -> sites, input_delta, g)."""
     return [k.split("[")[0] for k in path.split(".") if k]
+
+
+def _added(diff: str) -> bool:
+    """Whether a difference (as ``differences`` writes it) is a value the first report did not have: a field only in
+    the second, or null there and set here — a field another change began to fill, not a value it changed."""
+    return diff.endswith(": only in second") or ": None != " in diff
 
 
 def main() -> int:
@@ -52,8 +62,12 @@ def main() -> int:
         diffs = differences(_clean(json.loads(a.read_text())), _clean(after), limit=10**6)
         allowed = [d for d in diffs if set(_keys(d.split(":")[0])) & set(args.allowed)]
         other = [d for d in diffs if d not in allowed]
-        print(f"{name}: {len(diffs)} differing fields, {len(allowed)} in {args.allowed or 'no allowed field'}, "
+        changed = [d for d in allowed if not _added(d)]
+        print(f"{name}: {len(diffs)} differing fields, {len(allowed)} in {args.allowed or 'no allowed field'} "
+              f"({len(allowed) - len(changed)} added where the first had none, {len(changed)} changed), "
               f"{len(other)} elsewhere")
+        for d in changed[:20]:
+            print("    changed:", d)
         for d in (other or allowed)[:20]:
             print("   ", d)
         bad += bool(other)
