@@ -39,6 +39,7 @@ import gc
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -363,9 +364,20 @@ def sdpa_field(args: argparse.Namespace) -> dict[str, str]:
     return {} if args.sdpa == "default" else {"sdpa": args.sdpa}
 
 
-def main() -> None:
-    from ulptrace.run import RunConfig
+def run_configs(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The ``RunConfig`` of P1's onsets (no oracle) and of P3's (the oracle's workload), every run option of ``args``
+    in both. Fields left at their defaults are not passed: an older commit's package (``--reports-only``) lacks the
+    newer ones."""
+    run = {"reference_memory": args.reference_memory,
+           **({"concurrent": {"on": True}.get(args.concurrent, args.concurrent)} if args.concurrent else {})}
+    cfg = workload_config(args, oracle=False, **run)
+    cfg3 = workload_config(args, **run, **({"judge_workers": args.judge_workers} if args.judge_workers else {}))
+    return cfg, replace(cfg3, prompts=args.oracle_prompts, prompt_len=args.oracle_prompt_len,
+                        new_tokens=args.oracle_new_tokens)
 
+
+def arguments() -> argparse.ArgumentParser:
+    """The benchmark's command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     workload_arguments(p)
     p.add_argument("--oracle-prompts", type=int, default=2,
@@ -407,6 +419,11 @@ def main() -> None:
     p.add_argument("--syncs", action="store_true",
                    help="after P1's timed runs, one more warm onset with this process's host synchronisations on the "
                         "CUDA device counted by where they were asked (torch.cuda.set_sync_debug_mode; not timed)")
+    return p
+
+
+def main() -> None:
+    p = arguments()
     args = p.parse_args()
     check_workload(p, args)
     if args.syncs and (not args.device.startswith("cuda") or "P1" not in args.goals):
@@ -464,14 +481,7 @@ def main() -> None:
                               "oracle_workload": {"prompts": args.oracle_prompts, "prompt_len": args.oracle_prompt_len,
                                                   "new_tokens": args.oracle_new_tokens}}
     print(f"host malloc: {host_malloc}", flush=True)
-    # fields left at their defaults are not passed: an older commit's package (--reports-only) lacks the newer ones
-    base = {"model": args.model, "candidate": args.candidate, "device": args.device,
-            "reference_memory": args.reference_memory, **sdpa_field(args),
-            **({"concurrent": {"on": True}.get(args.concurrent, args.concurrent)} if args.concurrent else {})}
-    cfg = RunConfig(**base, prompts=args.prompts, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                    oracle=False)
-    cfg3 = RunConfig(**base, prompts=args.oracle_prompts, prompt_len=args.oracle_prompt_len, new_tokens=args.oracle_new_tokens,
-                     **({"judge_workers": args.judge_workers} if args.judge_workers else {}))
+    cfg, cfg3 = run_configs(args)
     if args.reports_only:
         if not args.reports:
             p.error("--reports-only needs --reports DIR")
