@@ -21,6 +21,9 @@ FP32). Stages that hypotheses can add (``stages``):
 
 - ``"scores"`` -- scores, scaled scores and masked scores each rounded to the input dtype (what HF's
   eager path does with its BF16 ``matmul``, ``* scaling`` and ``+ mask``);
+- ``"qk"`` -- only ``q @ k^T`` rounded to the input dtype (a matmul in that dtype), then scaled and masked in FP32;
+- ``"scores_once"`` -- the scores rounded to the input dtype once, scaled and masked, just before the softmax (a
+  kernel that folds the scale into its FP32 product and stores the scores narrow);
 - ``"probs"`` -- the normalised probabilities rounded to the input dtype before ``P @ V`` (eager);
 - ``"flash"`` -- the unnormalised probabilities rounded (the widening described above).
 
@@ -51,7 +54,7 @@ ATTENTION_OPS: dict[str, int] = {
 SEMANTICS = ("flash", "fp32")
 """Readings of a fused attention op's internal precision (see the module docstring)."""
 
-STAGES = ("scores", "probs", "flash")
+STAGES = ("scores", "qk", "scores_once", "probs", "flash")
 """Internal rounding stages a hypothesis can add to a fused attention op."""
 
 BLOCK_SCORES = 1 << 22
@@ -114,9 +117,12 @@ def replay_attention(
     scale = b.get("scale")
     scale = I.round_scalar(1.0 / math.sqrt(head_dim) if scale is None else float(scale), compute)
 
-    def stage(x: Iv) -> Iv:
+    eager = "scores" in stages
+
+    def stage(x: Iv, point: str) -> Iv:
+        """``x``, a step of the scores (``point``: ``qk``, ``scaled`` or ``masked``) as the kernel keeps it."""
         x = I.round_iv(x, torch.float32 if compute != I.F64 else I.F64)
-        if "scores" in stages and narrow is not None:
+        if narrow is not None and (eager or point in stages):
             x = I.round_iv(x, narrow)
         return x
 
@@ -134,8 +140,8 @@ def replay_attention(
     def rows(first: int, last: int) -> Iv:
         """The output interval of query rows ``first:last`` (each row's scores, softmax and P @ V are its own)."""
         qb = q.map(lambda t: t[..., first:last, :])
-        scores = stage(I.matmul(qb, k_t, head_dim, k_right))
-        scores = stage(I.mul(scores, I.scalar_iv(scale, scores.lo)))
+        scores = stage(I.matmul(qb, k_t, head_dim, k_right), "qk")
+        scores = stage(I.mul(scores, I.scalar_iv(scale, scores.lo)), "scaled")
         if mask is not None:
             mb = mask.map(lambda t: t[..., first:last, :]) if mask.lo.dim() >= 2 and mask.lo.shape[-2] == queries \
                 else mask
@@ -143,10 +149,12 @@ def replay_attention(
                 keep = mb.lo
                 scores = scores.map(lambda t: t.masked_fill(~keep, -math.inf))
             else:
-                scores = stage(I.add(scores, mb))
+                scores = stage(I.add(scores, mb), "masked")
         if b.get("is_causal"):  # top-left aligned: query row i sees keys 0..i
             keep = torch.ones(last - first, keys, dtype=torch.bool, device=scores.lo.device).tril(first)
             scores = scores.map(lambda t: t.masked_fill(~keep, -math.inf))
+        if narrow is not None and "scores_once" in stages:  # (a masked score, -inf, stays -inf)
+            scores = I.round_iv(scores, narrow)
         probs = I.round_iv(I.softmax(scores, -1, compute), torch.float32 if compute != I.F64 else I.F64)
         if narrow is not None and "probs" in stages:
             probs = I.round_iv(probs, narrow)

@@ -63,6 +63,12 @@ def _attention_hypotheses(program: Program, op_index: int) -> list[Hypothesis]:
     word = dtype_word(narrow)
     where = f"inside `{program.op_label(op_index)}` (op {op_index})"
     options: list[tuple[frozenset[str], str]] = []
+    # one rounding of the scores where a kernel stores them narrow: the product alone, or the scaled scores once
+    narrow_scores = [
+        (frozenset({"qk"}), f"attention scores `q @ k^T` rounded to {word} before the scale {where}"),
+        (frozenset({"scores_once"}), (f"attention scores rounded to {word} once, scaled, before the softmax "
+                                      f"{where}")),
+    ]
     if op.attrs.get("attention") == "fp32":
         options += [
             (frozenset({"probs"}), f"attention probabilities rounded to {word} before P @ V {where}"),
@@ -71,11 +77,13 @@ def _attention_hypotheses(program: Program, op_index: int) -> list[Hypothesis]:
             (frozenset({"scores"}), f"attention scores rounded to {word} before the softmax {where}"),
             (frozenset({"scores", "probs"}), (f"eager-style attention {where}: scores and probabilities "
                                               f"rounded to {word}")),
+            *narrow_scores,
         ]
     else:
         options += [
             (frozenset({"scores"}), (f"attention scores rounded to {word} before the softmax {where}, "
                                      "as HF's eager path does")),
+            *narrow_scores,
         ]
     return [Hypothesis("attention", text, op_index, Mods(attention={op_index: stages})) for stages, text in options]
 

@@ -276,6 +276,37 @@ def test_eager_scores_against_flash_sdpa_are_named():
                           "as HF's eager path does")
 
 
+def _narrow_scores_attention(narrow_at: str):
+    """A kernel that stores its scores in BF16 once — ``"qk"``: the product ``q @ k^T`` (a BF16 matmul), then the
+    scale in FP32; ``"scaled"``: the scale folded into the FP32 product, the scaled scores rounded — softmax and
+    ``P @ V`` in FP32, the output rounded once. Written in torch from the definition, not from the oracle."""
+    q, k, v = randn(1, 4, 24, 32, scale=2.0), randn(1, 2, 40, 32, scale=2.0), randn(1, 2, 40, 32)
+    kf, vf = (t.float().repeat_interleave(2, dim=1) for t in (k, v))
+    scale = torch.tensor(32**-0.5, dtype=torch.float32)
+    scores = q.float() @ kf.transpose(-2, -1)
+    scores = (scores.to(BF16).float() * scale) if narrow_at == "qk" else (scores * scale).to(BF16).float()
+    out = (torch.softmax(scores, -1) @ vf).to(BF16).transpose(1, 2)
+    return {"query": q, "key": k, "value": v}, out
+
+
+@pytest.mark.parametrize("narrow_at, named", [
+    ("qk", "attention scores `q @ k^T` rounded to BF16 before the scale"),
+    ("scaled", "attention scores rounded to BF16 once, scaled, before the softmax")])
+def test_scores_stored_narrow_once_are_named_not_errors(narrow_at, named):
+    """One rounding of the scores (a kernel folding the scale into its product, or a BF16 matmul) is a boundary of
+    its own, not HF's eager three: before these hypotheses, its elements outside the ties read ``error``."""
+    inputs, candidate = _narrow_scores_attention(narrow_at)
+
+    def sdpa(query, key, value):
+        return F.scaled_dot_product_attention(query, key, value, enable_gqa=True).transpose(1, 2)
+
+    j = judge(capture_semantics(sdpa, inputs), inputs, candidate, sdpa(**inputs))
+    assert j.counts["error"] == 0 and j.counts["nonfinite"] == 0
+    assert j.counts["boundary"] > 0, "one BF16 rounding of scores of a few units must leave the ties"
+    assert best(j).kind == "attention" and j.explained == 1.0
+    assert j.boundary == f"{named} inside `_scaled_dot_product_flash_attention_for_cpu(query, key, value)` (op 0)"
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
