@@ -93,6 +93,8 @@ class SiteDiff:
     max_error_ulp: int | None = None
     reference_outside: int | None = None  # reference elements outside its own semantics
     note: str | None = None
+    # the candidate's dtype where it stores another float dtype (compared in the reference's ``dtype``); None when the same
+    candidate_dtype: str | None = None
     could_not_judge: str | None = None  # why the oracle failed on a site that has semantics
     max_row_ulp: float | None = None  # greatest difference in ULPs of its row's magnitude
     row_histogram: dict[str, int] = field(default_factory=dict)
@@ -378,7 +380,8 @@ def start_diff(reference: Record, candidate: Record, judge: SiteJudge | None = N
             if known is not None:  # the output as recorded (not cast): another record may read it
                 known.put(reference.out, candidate.out, stats, rows=True)
     pending = _PendingDiff((reference.site, reference.step, reference.kind, reference.layer), ref.numel(),
-                           list(shape), dtype_name(dtype), note, stats, inputs, reshaped)
+                           list(shape), dtype_name(dtype), note, stats, inputs, reshaped,
+                           candidate_dtype=dtype_name(cand_dtype) if cast else None)
     if judge is not None:
         pending.judged = judge(reference, candidate)
     return pending
@@ -397,6 +400,7 @@ class _PendingDiff:
     inputs: dict[str, Stats | None]
     reshaped: dict[str, list[list[int]]]  # SiteDiff.input_shapes
     judged: Any = None  # the judge's fields, or an answer still on its way (SiteJudge)
+    candidate_dtype: str | None = None  # SiteDiff.candidate_dtype
 
 
 def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
@@ -445,7 +449,7 @@ def finish_diffs(pending: list[_PendingDiff]) -> list[SiteDiff]:
             site=site, step=step, kind=kind, layer=layer, elements=p.elements, differing=stats.differing,
             max_ulp=stats.max_ulp, histogram=stats.histogram, bitwise_equal=stats.equal, dtype=p.dtype,
             shape=p.shape, input_delta=inputs, input_shapes=p.reshaped, note=p.note, max_row_ulp=stats.max_row_ulp,
-            row_histogram=stats.row_histogram,
+            row_histogram=stats.row_histogram, candidate_dtype=p.candidate_dtype,
         )
         judged = p.judged
         if judged is not None and callable(getattr(judged, "result", None)):

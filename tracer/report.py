@@ -81,6 +81,14 @@ def _summary(data: dict[str, Any]) -> list[str]:
         f"candidate: {_describe(data['candidate'])}",
         f"records compared: {len(sites)} ({equal} bitwise equal, {len(sites) - equal} differ)",
     ]
+    cast = [s for s in sites if s.get("candidate_dtype")]
+    if cast:  # a wider or narrower candidate record: its "bitwise equal" is in the reference's dtype
+        kinds = "; ".join(sorted({f"{s['candidate_dtype']} where the reference has {s['dtype']}" for s in cast}))
+        where = ", ".join(f"{s['site']}@{s['step']}" for s in cast[:3]) + (
+            f" (+{len(cast) - 3} more)" if len(cast) > 3 else "")
+        lines.append(f"stored in another dtype: {len(cast)} candidate records ({kinds}: {where}), compared and "
+                     f"judged in the reference's dtype; {sum(s['bitwise_equal'] for s in cast)} of them hold exactly "
+                     "the reference's values")
     if data.get("complete") is False:
         lines.append("selection: some sites or steps were not recorded, so a difference that begins in one of them "
                      "cannot be located (no 'unobserved' onsets, none at records without inputs)")

@@ -178,6 +178,32 @@ def test_a_record_stored_in_another_float_dtype_is_equal_only_where_it_holds_the
                           Record("g", 0, "gates", 0, ref, {"x": ref}))
     assert (narrow.bitwise_equal, narrow.differing, narrow.max_ulp) == (False, 1, 2**(23 - 1 - 20))  # FP32 ULPs at 3
     assert narrow.input_delta == {"x": 2**(23 - 1 - 20)}
+    assert (got.candidate_dtype, same.candidate_dtype, narrow.candidate_dtype) == ("float32", "float32", "bfloat16")
+    assert diff_records(Record("a", 0, "gates", 0, ref, {}), Record("a", 0, "gates", 0, ref, {})).candidate_dtype is None
+
+
+def test_the_text_report_says_which_records_were_stored_in_another_dtype() -> None:
+    """A candidate's FP32 records that hold exactly the reference's BF16 values are equal in the reference's dtype —
+    the text must not let "every compared record is bitwise equal" hide that they are stored otherwise (the JSON said
+    so only in each site's note)."""
+    from ulptrace.report import to_markdown, to_table
+    from ulptrace.trace import Record, Trace
+
+    values = [torch.tensor([[1.0, 2.0, 3.0, -0.5]], dtype=torch.bfloat16) * k for k in (1, 2, 3)]
+    reference, widened = Trace(), []
+    for i, v in enumerate(values):
+        reference.add(Record(f"layers.{i}.mlp.glu", 0, "glu", i, v, {}))
+        widened.append(Record(f"layers.{i}.mlp.glu", 0, "glu", i, v.float() + (2.0**-12 if i == 2 else 0.0), {}))
+    data = compare(reference, widened).to_json()
+    assert [s["candidate_dtype"] for s in data["sites"]] == ["float32"] * 3
+    text = to_table(data)
+    assert ("stored in another dtype: 3 candidate records (float32 where the reference has bfloat16: "
+            "layers.0.mlp.glu@0, layers.1.mlp.glu@0, layers.2.mlp.glu@0), compared and judged in the reference's "
+            "dtype; 2 of them hold exactly the reference's values") in " ".join(text.split())
+    assert "stored in another dtype: 3 candidate records" in to_markdown(data)
+    same = compare(reference, [Record(f"layers.{i}.mlp.glu", 0, "glu", i, v, {}) for i, v in enumerate(values)])
+    same = same.to_json()
+    assert "stored in another dtype" not in to_table(same)
 
 
 def test_an_input_that_is_an_earlier_records_output_is_compared_once(monkeypatch) -> None:
