@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from audit31_candidates import BF16, _attn_layers, _is_qwen, _layers, _mm, _register_attention, _restore_attrs, _sdpa
+from audit31_candidates import _attn_layers, _is_qwen, _layers, _mm, _register_attention, _restore_attrs, _sdpa
 from audit32_candidates import _gdns, _patch_module_fn
-from audit36_candidates import _step_tracker
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -6,7 +6,6 @@ exact value: |y - exact| / ulp_bf16(exact).
 Usage: PYTHONPATH=bench/audit python bench/audit/audit39b_direct.py [conv] [scan] [attn] [norm] [gates] [misc]"""
 from __future__ import annotations
 
-import math
 import sys
 
 import torch
@@ -283,7 +282,6 @@ def gate_checks():
     print("gates (layer 0, HF's a, b at prefill):")
     print(stats("beta: HF (self)", beta_hf, beta_hf, beta_ex))
     for cand in (c.v306_gdn_gates_fp64, c.v314_gdn_beta_tanh, c.x303_gdn_beta_fp32, c.d312_gdn_dt_bias_after_softplus):
-        kw = {}
         holder = {}
 
         def capture_gates(model_, cand=cand):
