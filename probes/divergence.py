@@ -133,6 +133,9 @@ def describe_point(point: dict[str, Any] | None) -> str:
     elif reason == "unobserved":
         why = "unobserved (its inputs already differ while every earlier record is equal: began in code no site " \
               f"observes{'; its own verdict ' + verdict if verdict else ''})"
+    elif reason == "unrecorded":
+        why = "unrecorded (its inputs already differ while every earlier record is equal: began in code the " \
+              f"selection did not record{'; its own verdict ' + verdict if verdict else ''})"
     elif reason == "mask":
         why = "mask (its attention mask lets other keys through than the reference's)"
     else:

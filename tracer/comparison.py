@@ -56,7 +56,7 @@ from ulptrace.ulp import (
     same_bits,
 )
 
-ONSET_REASONS = ("mask", "unobserved", "verdict", "unjudged")
+ONSET_REASONS = ("mask", "unobserved", "unrecorded", "verdict", "unjudged")
 COULD_NOT_JUDGE = "could_not_judge"
 """What ``Comparison.parity(allow=...)`` accepts besides verdict names: sites the oracle could not judge."""
 
@@ -497,6 +497,14 @@ class Comparison:
         return not any(any(v not in (None, [], "") for v in (meta.get("selection") or {}).values())
                        for meta in (self.reference, self.candidate))
 
+    @property
+    def left_out(self) -> bool:
+        """Whether a run's selection left out sites, kinds, layers or steps it could have recorded (a user's choice:
+        ``--sites``, ``--kinds``, ``--layers``, ``--steps``), as opposed to sites a candidate's path cannot expose
+        (``selection.observed`` alone, e.g. under ``torch.compile``), which no run can record."""
+        return any(any(v not in (None, [], "") for k, v in (meta.get("selection") or {}).items() if k != "observed")
+                   for meta in (self.reference, self.candidate))
+
     def first_difference(self) -> SiteDiff | None:
         return next((d for d in self.sites if not d.bitwise_equal), None)
 
@@ -521,6 +529,10 @@ class Comparison:
           between observed sites (RoPE, the KV cache, a reshape) and this site is the first place it shows;
           so even where this record's own verdict is worse than ``tie`` too (a NaN or infinity written into a
           cached key makes the attention's semantics on its inputs non-finite), the divergence began before it;
+        - ``"unrecorded"`` (at most one): the same first record where a selection left out sites it could have
+          recorded (:attr:`left_out`) — the divergence began in code it did not record, which may hold a defect no
+          recorded site can judge: such a selection never claims parity for differences it did not see begin (sites a
+          path cannot expose, ``selection.observed`` alone, are judged as before: its report says which it exposes);
         - ``"verdict"``: a verdict worse than ``tie`` (boundary, error, nonfinite);
         - ``"unjudged"``: no verdicts (no oracle semantics, or the oracle could not judge it), the output
           differs by more than ``max_ulp`` and every recorded input is bitwise equal; a record with no
@@ -530,15 +542,15 @@ class Comparison:
         The two rules that look at earlier records (a record without inputs, ``unobserved``) apply only
         when the comparison is :attr:`complete`: in a selection the unrecorded sites may differ.
         """
-        complete = self.complete
+        complete, left_out = self.complete, self.left_out
         seen_difference = False  # an earlier record's output differs
         clean_steps: dict[int, bool] = {}  # step -> every record so far in it is equal, outputs and inputs
         for d in self.sites:
             step_clean = clean_steps.get(d.step, True)
             if any(d.input_delta.get(role) for role in STRUCTURAL_INPUTS):
                 yield d, "mask"
-            elif complete and not seen_difference and not d.bitwise_equal and d.inputs_differ:
-                yield d, "unobserved"
+            elif not seen_difference and not d.bitwise_equal and d.inputs_differ and (complete or left_out):
+                yield d, "unobserved" if complete else "unrecorded"
             elif d.own_error:
                 yield d, "verdict"
             elif d.verdicts is None and not d.bitwise_equal and (d.max_ulp is None or d.max_ulp > self.max_ulp) \
@@ -585,7 +597,7 @@ class Comparison:
                 more = f" (+{len(records) - 3} more)" if len(records) > 3 else ""
                 failures.append(Failure(key, len(records), {"step": records[0]["step"], "site": records[0]["site"]},
                                         f"{len(records)} record(s) {what}: {shown}{more}"))
-        for reason in ("unjudged", "unobserved", "mask"):
+        for reason in ("unjudged", "unobserved", "unrecorded", "mask"):
             hit = [d for d, r in self.onsets() if r == reason]
             if hit:
                 failures.append(_onset_failure(reason, hit, self.max_ulp))
@@ -622,8 +634,8 @@ class Comparison:
 @dataclass(frozen=True)
 class Failure:
     """One reason a comparison is not at parity: what failed (``kind``: a verdict name, ``could_not_judge``,
-    ``missing``, ``extra``, ``mismatched``, ``unjudged``, ``unobserved`` or ``mask``), in how many records, the first
-    of them, and a sentence naming it."""
+    ``missing``, ``extra``, ``mismatched``, ``unjudged``, ``unobserved``, ``unrecorded`` or ``mask``), in how many
+    records, the first of them, and a sentence naming it."""
 
     kind: str
     records: int
@@ -687,8 +699,9 @@ def _onset_failure(reason: str, hit: list[SiteDiff], budget: int) -> Failure:
     else:
         shaped = "".join(f"; its input '{role}' is {ref} in the reference, {cand} in the candidate"
                          for role, (ref, cand) in first.input_shapes.items())
-        why = ("its inputs already differ while every earlier record is bitwise equal (divergence in unobserved "
-               f"code){shaped}")
+        where = ("unobserved code" if reason == "unobserved" else
+                 "code this selection did not record: record every site to judge it")
+        why = f"its inputs already differ while every earlier record is bitwise equal (divergence in {where}){shaped}"
     return Failure(reason, len(hit), _where(first), f"{len(hit)} {reason} onset(s); first at {_at(first)}: {why}")
 
 

@@ -493,7 +493,7 @@ class Recorder:
     ) -> None:
         self.model = model
         self.sites = list(site_table(model) if sites is None else sites)
-        self.steps = None if steps is None else set(steps)
+        self.steps = None if steps is None else steps if isinstance(steps, range) else set(steps)  # (2:, to 2**30)
         self.metadata = {**model_metadata(model, path), **(metadata or {})}
         self.sink: Sink = sink if sink is not None else MemorySink(self.metadata)
         self.keep_inputs = keep_inputs

@@ -47,6 +47,8 @@ _REASONS = {
                 "inputs (a record without inputs: while every record before it in the step is bitwise equal)",
     "unobserved": "its inputs already differ while every earlier record is equal: the divergence began in "
                   "code between observed sites",
+    "unrecorded": "its inputs already differ while every earlier record is equal: the divergence began in code this "
+                  "selection did not record (record every site to judge it)",
     "mask": "its attention mask lets other keys through than the reference's (built from positions, not values: "
             "no rounding upstream explains it)",
 }
@@ -91,7 +93,8 @@ def _summary(data: dict[str, Any]) -> list[str]:
                      "the reference's values")
     if data.get("complete") is False:
         lines.append("selection: some sites or steps were not recorded, so a difference that begins in one of them "
-                     "cannot be located (no 'unobserved' onsets, none at records without inputs)")
+                     "cannot be located (a first difference on inputs that already differ is an 'unrecorded' onset "
+                     "where the selection left sites out; no 'unobserved' onsets, none at records without inputs)")
     obs = data.get("observation")
     if obs:
         verdict = "bitwise equal" if obs["bitwise_equal"] else f"DIFFERENT at steps {obs['differing_steps']}"

@@ -173,6 +173,11 @@ def check_range(text: str | None, what: str) -> range | None:
     return selected
 
 
+def _open_ended(text: str | None) -> bool:
+    """A range given as ``START:`` (to the end), which may run past what exists."""
+    return bool(text) and text.strip().endswith(":")
+
+
 def check_selection(cfg: RunConfig) -> None:
     """What can be said about ``cfg``'s selection without a model: ranges not empty, steps inside the
     run, ``--kinds``/``--sites`` given values, known kinds, a ``fault:`` path's step inside the run.
@@ -185,6 +190,8 @@ def check_selection(cfg: RunConfig) -> None:
     run_steps = f"steps 0..{last} (0 = the prefill, then {last} decode step(s); --new-tokens {cfg.new_tokens})"
     if steps is not None and (steps.start > last or steps.stop <= 0):
         raise ValueError(f"--steps {cfg.steps} selects no step: the run has {run_steps}")
+    if steps is not None and steps.stop > cfg.new_tokens and not _open_ended(cfg.steps):  # (else dropped unsaid)
+        raise ValueError(f"--steps {cfg.steps} runs past the run: it has {run_steps}")
     if cfg.kinds is not None:
         if not list(cfg.kinds):
             raise ValueError(f"--kinds needs at least one kind: expected some of {', '.join(KINDS)}")
@@ -661,7 +668,21 @@ def selected_sites(model: Any, cfg: RunConfig, candidates: Sequence[str] | None 
     from ulptrace.sites import select, site_table
 
     table = site_table(model)
-    chosen = select(table, cfg.sites, cfg.kinds, check_range(cfg.layers, "layers"))
+    layer_range = check_range(cfg.layers, "layers")
+    layers = sorted({s.layer for s in table if s.layer is not None})
+    kinds = list(dict.fromkeys(s.kind for s in table))
+    examples = ", ".join(s.name for s in table[:4])
+    has = (f"{model_name(model)} has {len(table)} sites in layers {layers[0]}..{layers[-1]}" if layers else
+           f"{model_name(model)} has {len(table)} sites") + f", of kinds {', '.join(kinds)} (e.g. {examples})"
+    # every part of a selection must select something: a glob with a typo beside one that matches, or a layer range
+    # running past the model, was dropped without a word (a defect at the misspelt site read as parity)
+    for pattern in cfg.sites or ():
+        if not any(fnmatch.fnmatchcase(s.name, pattern) for s in table):
+            raise ValueError(f"--sites {pattern!r} matches no site: {has}")
+    if layer_range is not None and layers and layer_range.start <= layers[-1] and (
+            layer_range.stop > layers[-1] + 1 and not _open_ended(cfg.layers)):
+        raise ValueError(f"--layers {cfg.layers} runs past the model's layers: {has}")
+    chosen = select(table, cfg.sites, cfg.kinds, layer_range)
     limited = observation_limits(cfg, candidates)
     if chosen and limited:  # a path observable only at some sites (torch.compile): both sides record those
         observable = chosen
@@ -673,14 +694,6 @@ def selected_sites(model: Any, cfg: RunConfig, candidates: Sequence[str] | None 
         return observable
     if chosen:
         return chosen
-    layers = sorted({s.layer for s in table if s.layer is not None})
-    kinds = list(dict.fromkeys(s.kind for s in table))
-    examples = ", ".join(s.name for s in table[:4])
-    has = (f"{model_name(model)} has {len(table)} sites in layers {layers[0]}..{layers[-1]}" if layers else
-           f"{model_name(model)} has {len(table)} sites") + f", of kinds {', '.join(kinds)} (e.g. {examples})"
-    for pattern in cfg.sites or ():
-        if not any(fnmatch.fnmatchcase(s.name, pattern) for s in table):
-            raise ValueError(f"--sites {pattern!r} matches no site: {has}")
     given = [f"{flag} {value}" for flag, value in (("--sites", " ".join(cfg.sites or ())),
                                                   ("--kinds", " ".join(cfg.kinds or ())),
                                                   ("--layers", cfg.layers or "")) if value]

@@ -81,10 +81,12 @@ def test_allow_could_not_judge(tmp_path, fail_oracle_at) -> None:
     assert rc == 1
     assert data["could_not_judge"] and all(c["site"].endswith("linear_attn.norm") for c in data["could_not_judge"])
     assert data["could_not_judge"][0]["reason"] == "NotImplementedError: no interval rule for aten.fake_op"
-    assert [f["kind"] for f in data["parity"]["failures"]] == ["could_not_judge"]
+    # the gated norms' inputs already differ (the fused scan before them is not recorded): never parity either
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["could_not_judge", "unrecorded"]
     assert "the oracle could not judge" in data["conclusion"]
     rc, data = run(tmp_path, "--candidate", "kernels:fused", "--kinds", "gated_norm", "--allow-could-not-judge")
-    assert rc == 0 and data["parity"] == {"ok": True, "allowed": ["could_not_judge"], "failures": []}
+    assert rc == 1 and data["parity"]["allowed"] == ["could_not_judge"]
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["unrecorded"]
 
 
 def test_the_conclusion_of_inherited_ties_says_how_far_the_inputs_are_and_where_to_look() -> None:

@@ -48,6 +48,7 @@ def no_model(monkeypatch):
 SELECTIONS = [
     (["--layers", "5:2"], "--layers 5:2 is an empty range"),
     (["--steps", "7:9"], "--steps 7:9 selects no step: the run has steps 0..1"),
+    (["--steps", "1:9"], "--steps 1:9 runs past the run: it has steps 0..1"),
     (["--kinds"], "--kinds needs at least one kind: expected some of norm, gated_norm"),
     (["--sites"], "--sites needs at least one GLOB"),
     (["--layers", "x"], "--layers: expected a range like '3', '2:5' or '2:', but got 'x'"),
@@ -85,6 +86,9 @@ def test_fault_beyond_the_last_step_is_refused_before_the_run(command, tmp_path,
     [
         (["--layers", "10:20"], "the selection --layers 10:20 matches no site: tiny-qwen3.5 has "),
         (["--sites", "layers.*.mlp.gluu"], "--sites 'layers.*.mlp.gluu' matches no site"),
+        # a part of a selection that selects nothing is refused too, not dropped beside a part that does
+        (["--sites", "layers.1.self_atn.*", "layers.*.mlp.glu"], "--sites 'layers.1.self_atn.*' matches no site"),
+        (["--layers", "3:9"], "--layers 3:9 runs past the model's layers: tiny-qwen3.5 has "),
         (["--sites", "layers.*.mlp.glu", "--kinds", "norm"], "the selection --sites layers.*.mlp.glu, --kinds norm "
                                                             "matches no site"),
     ],
@@ -490,3 +494,10 @@ def test_kernel_paths_run_without_transformers_warnings() -> None:
             with ulptrace.apply_path(model, path):
                 greedy(model, prompts, 2)
     assert [str(w.message) for w in caught] == []
+
+
+def test_open_ended_ranges_run_to_the_end_and_are_not_past_it(capsys) -> None:
+    """``--layers 2:`` and ``--steps 1:`` select to the end (not refused as running past it); ``--steps 1:`` made
+    the recorder build a set of 2**30 steps (MemoryError, or the process killed)."""
+    assert main(["onset", "--candidate", "hf", *TINY, "--layers", "2:", "--steps", "1:", "--fail-on-onset"]) == 0
+    assert "at parity" in capsys.readouterr().out

@@ -275,14 +275,22 @@ def test_a_selection_makes_the_comparison_incomplete() -> None:
     assert Comparison(reference=PARTIAL).to_json()["complete"] is False
 
 
-def test_in_a_selection_earlier_records_prove_nothing() -> None:
-    """Unselected sites may differ: an input that differs, or a state that differs, began somewhere unrecorded."""
+def test_in_a_selection_a_difference_that_began_unrecorded_is_never_parity() -> None:
+    """Unselected sites may differ: a first difference whose inputs already differ began in code the selection left
+    out — which may hold a defect no recorded site can judge (a final norm applied twice, read only at the logits,
+    was 'at parity' with every difference a tie): an ``unrecorded`` onset that fails parity, not silence. A state
+    without inputs proves nothing either way there (earlier unrecorded records may differ): no onset."""
     records = [site("norm", inputs={"x": 0}, verdicts=judged()),
                site("post_norm", equal=False, inputs={"delta": 3}, verdicts=judged(exact=6, tie=2)),
                site("state", step=1, kind="state", equal=False)]
     assert reasons(Comparison(sites=records)) == [("post_norm", 0, "unobserved"), ("state", 1, "unjudged")]
     partial = Comparison(sites=records, reference=PARTIAL)
-    assert reasons(partial) == [] and partial.parity().ok
+    assert reasons(partial) == [("post_norm", 0, "unrecorded")]
+    parity = partial.parity()
+    assert not parity.ok and kinds(parity) == ["unrecorded"]
+    assert "code this selection did not record" in parity.failures[0].message
+    # nothing recorded differs: the selection says what it checked, and that is at parity
+    assert Comparison(sites=[site("norm", inputs={"x": 0}, verdicts=judged())], reference=PARTIAL).parity().ok
     # the local rules still hold: a verdict, and a difference on the record's own equal inputs
     local = [site("glu", equal=False, inputs={"x": 0}, verdicts=judged(exact=6, error=2)),
              site("scan", kind="attention", equal=False, inputs={"q": 0})]

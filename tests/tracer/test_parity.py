@@ -107,18 +107,20 @@ def test_markdown_and_json_of_a_comparison_without_failures() -> None:
 
 
 def test_a_recorded_selection_makes_the_comparison_incomplete(tmp_path) -> None:
-    """Traces of a selection say so in their metadata; their comparison does not infer onsets from records
-    it never saw (an unselected site may be where a difference began)."""
+    """Traces of a selection say so in their metadata; their comparison does not infer where a difference began
+    from records it never saw — and never calls it parity: a GLU fault of 4,000 ULP left out of a norm selection was
+    'at parity', exit 0 with --fail-on-onset, every norm downstream a tie on inputs that already differ."""
     ref, cand, out = tmp_path / "hf.trace", tmp_path / "fault.trace", tmp_path / "c.json"
     assert main(["record", *SMALL, "--kinds", "norm", "--out", str(ref)]) == 0
     assert main(["record", *SMALL, "--kinds", "norm", "--path", "fault:layers.1.mlp.glu@0+4000", "--forced-from",
                  str(ref), "--out", str(cand)]) == 0
-    assert main(["compare", str(ref), str(cand), "--fail-on-onset", "--json", str(out)]) == 0
+    assert main(["compare", str(ref), str(cand), "--fail-on-onset", "--json", str(out)]) == 1
     data = json.loads(out.read_text())
     assert data["complete"] is False and data["reference"]["selection"]["kinds"] == ["norm"]
-    # the GLU was not recorded: the first norm downstream differs on differing inputs, judged a tie
+    # the GLU was not recorded: the first norm downstream differs on differing inputs — where it began is unrecorded
     first = data["first_difference"]
-    assert first is not None and data["onset"] is None and data["parity"]["ok"] is True
+    assert first is not None and data["onset"] == {**first, "reason": "unrecorded"}
+    assert [f["kind"] for f in data["parity"]["failures"]] == ["unrecorded"] and data["parity"]["ok"] is False
     full = tmp_path / "full.json"
     assert main(["onset", *SMALL, "--candidate", "fault:layers.1.mlp.glu@0+4000", "--json", str(full)]) == 0
     assert json.loads(full.read_text())["complete"] is True
