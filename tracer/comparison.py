@@ -93,7 +93,7 @@ class SiteDiff:
     max_error_ulp: int | None = None
     reference_outside: int | None = None  # reference elements outside its own semantics
     note: str | None = None
-    # the candidate's dtype where it stores another float dtype (compared in the reference's ``dtype``); None when the same
+    # the candidate's dtype where it stores another float dtype (compared in the reference's ``dtype``), else None
     candidate_dtype: str | None = None
     could_not_judge: str | None = None  # why the oracle failed on a site that has semantics
     max_row_ulp: float | None = None  # greatest difference in ULPs of its row's magnitude
@@ -494,15 +494,18 @@ class Comparison:
         """Whether both runs recorded every site at every step (no ``selection`` of sites, kinds, layers or
         steps in their metadata). The rules that rely on "every earlier record is bitwise equal" hold only
         then: with a selection, an unselected site may be where a difference began."""
-        return not any(any(v not in (None, [], "") for v in (meta.get("selection") or {}).values())
-                       for meta in (self.reference, self.candidate))
+        return not self._selects()
 
     @property
     def left_out(self) -> bool:
         """Whether a run's selection left out sites, kinds, layers or steps it could have recorded (a user's choice:
         ``--sites``, ``--kinds``, ``--layers``, ``--steps``), as opposed to sites a candidate's path cannot expose
         (``selection.observed`` alone, e.g. under ``torch.compile``), which no run can record."""
-        return any(any(v not in (None, [], "") for k, v in (meta.get("selection") or {}).items() if k != "observed")
+        return self._selects(but="observed")
+
+    def _selects(self, but: str | None = None) -> bool:
+        """Whether either run's metadata names a selection (any of its entries set, ``but`` one not counted)."""
+        return any(any(v not in (None, [], "") for k, v in (meta.get("selection") or {}).items() if k != but)
                    for meta in (self.reference, self.candidate))
 
     def first_difference(self) -> SiteDiff | None:
@@ -540,7 +543,8 @@ class Comparison:
           in the same step is bitwise equal, outputs and inputs.
 
         The two rules that look at earlier records (a record without inputs, ``unobserved``) apply only
-        when the comparison is :attr:`complete`: in a selection the unrecorded sites may differ.
+        when the comparison is :attr:`complete`: in a selection the unrecorded sites may differ — there the first
+        one's record is ``unrecorded`` instead, where the selection :attr:`left_out` what it could have recorded.
         """
         complete, left_out = self.complete, self.left_out
         seen_difference = False  # an earlier record's output differs

@@ -73,7 +73,8 @@ def key_visibility(mask: torch.Tensor | None, queries: int, keys: int, width: in
     (a mask's broadcast dimensions kept): ``mask``'s visibility over the record's ``keys`` keys, or, for none — a mask
     left to the kernel — HF's convention for it (SDPA's ``is_causal``: causal, top-left aligned, for a multi-token
     query; every key for one; :func:`keys_seen` counts it); positions at or past ``keys`` (keys this record does not
-    hold) are hidden. None where ``mask`` has no plain visibility or does not span the keys. ``device``: where a visibility without a mask is made."""
+    hold) are hidden. None where ``mask`` has no plain visibility or does not span the keys. ``device``: where a
+    visibility without a mask is made."""
     if mask is None:
         seen = torch.ones(queries, keys, dtype=torch.bool, device=device)
         if queries > 1:

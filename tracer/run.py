@@ -670,18 +670,21 @@ def selected_sites(model: Any, cfg: RunConfig, candidates: Sequence[str] | None 
     table = site_table(model)
     layer_range = check_range(cfg.layers, "layers")
     layers = sorted({s.layer for s in table if s.layer is not None})
-    kinds = list(dict.fromkeys(s.kind for s in table))
-    examples = ", ".join(s.name for s in table[:4])
-    has = (f"{model_name(model)} has {len(table)} sites in layers {layers[0]}..{layers[-1]}" if layers else
-           f"{model_name(model)} has {len(table)} sites") + f", of kinds {', '.join(kinds)} (e.g. {examples})"
+
+    def has() -> str:  # what the model has, for a refusal's message (made only then)
+        kinds = ", ".join(dict.fromkeys(s.kind for s in table))
+        examples = ", ".join(s.name for s in table[:4])
+        return (f"{model_name(model)} has {len(table)} sites in layers {layers[0]}..{layers[-1]}" if layers else
+                f"{model_name(model)} has {len(table)} sites") + f", of kinds {kinds} (e.g. {examples})"
+
     # every part of a selection must select something: a glob with a typo beside one that matches, or a layer range
     # running past the model, was dropped without a word (a defect at the misspelt site read as parity)
     for pattern in cfg.sites or ():
         if not any(fnmatch.fnmatchcase(s.name, pattern) for s in table):
-            raise ValueError(f"--sites {pattern!r} matches no site: {has}")
+            raise ValueError(f"--sites {pattern!r} matches no site: {has()}")
     if layer_range is not None and layers and layer_range.start <= layers[-1] and (
             layer_range.stop > layers[-1] + 1 and not _open_ended(cfg.layers)):
-        raise ValueError(f"--layers {cfg.layers} runs past the model's layers: {has}")
+        raise ValueError(f"--layers {cfg.layers} runs past the model's layers: {has()}")
     chosen = select(table, cfg.sites, cfg.kinds, layer_range)
     limited = observation_limits(cfg, candidates)
     if chosen and limited:  # a path observable only at some sites (torch.compile): both sides record those
@@ -697,7 +700,7 @@ def selected_sites(model: Any, cfg: RunConfig, candidates: Sequence[str] | None 
     given = [f"{flag} {value}" for flag, value in (("--sites", " ".join(cfg.sites or ())),
                                                   ("--kinds", " ".join(cfg.kinds or ())),
                                                   ("--layers", cfg.layers or "")) if value]
-    raise ValueError(f"the selection {', '.join(given) or '(everything)'} matches no site: {has}")
+    raise ValueError(f"the selection {', '.join(given) or '(everything)'} matches no site: {has()}")
 
 
 def observation_limits(cfg: RunConfig, candidates: Sequence[str] | None = None
